@@ -1,0 +1,65 @@
+// Chain schedules along the ring order, starting at the root.
+//
+// Broadcast: the root sends the whole buffer to root+1, every rank in the
+// middle receives a segment, stores it and forwards it at once, the last rank
+// (root-1) only receives. The FIFOs pipeline it: with S segments and n ranks
+// it takes S + n - 2 segment times, not S * (n - 1).
+//
+// Reduce to `root`: the chain starts at root+1 and ends at the root: each rank
+// adds its own buffer to what it receives and forwards the partial sum; the
+// root adds its own and stores the result (AVG divides there). Only the root's
+// buffer is written.
+#include "algo/blocks.h"
+#include "algo/schedules.h"
+
+namespace ringcomm {
+
+void chain_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
+  const int n = c.world, r = c.rank;
+  if (n == 1) return;
+  const int pos = mod(r - root, n);
+  Step s{};
+  s.tag = c.tag;
+  s.nbytes = nbytes;
+  if (pos == 0) {
+    s.kind = StepKind::kSend;
+    s.send_peer = mod(r + 1, n);
+    s.src = buf;
+  } else if (pos < n - 1) {
+    s.kind = StepKind::kRecvCopySend;
+    s.recv_peer = mod(r - 1, n);
+    s.send_peer = mod(r + 1, n);
+    s.dst = buf;
+  } else {
+    s.kind = StepKind::kRecv;
+    s.recv_peer = mod(r - 1, n);
+    s.dst = buf;
+  }
+  c.out->push_back(s);
+}
+
+void chain_reduce(const PlanContext& c, int root, char* buf, size_t count, bool avg) {
+  const int n = c.world, r = c.rank;
+  if (n == 1) return;
+  const int pos = mod(r - root - 1, n);  // root+1 starts (0), the root ends (n-1)
+  Step s{};
+  s.tag = c.tag;
+  s.nbytes = count * c.elem;
+  s.src = buf;
+  if (pos == 0) {
+    s.kind = StepKind::kSend;
+    s.send_peer = mod(r + 1, n);
+  } else if (pos < n - 1) {
+    s.kind = StepKind::kRecvReduceSend;
+    s.recv_peer = mod(r - 1, n);
+    s.send_peer = mod(r + 1, n);
+  } else {
+    s.kind = StepKind::kRecvReduce;
+    s.recv_peer = mod(r - 1, n);
+    s.dst = buf;
+    s.divide = avg;
+  }
+  c.out->push_back(s);
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,121 @@
+// Direct schedules: every rank talks to its peers without forwarding.
+// Sends and receives to different peers use different FIFOs, so the executor
+// progresses all of them at once and no ordering of peers can deadlock.
+// Peers are visited starting at rank+1 (sends) and rank-1 (receives) so that
+// not every rank hits the same peer first.
+#include "algo/blocks.h"
+#include "algo/schedules.h"
+
+namespace ringcomm {
+namespace {
+
+void push_send(const PlanContext& c, int peer, const char* src, size_t nbytes) {
+  Step s{};
+  s.kind = StepKind::kSend;
+  s.tag = c.tag;
+  s.send_peer = peer;
+  s.src = src;
+  s.nbytes = nbytes;
+  c.out->push_back(s);
+}
+
+void push_recv(const PlanContext& c, int peer, char* dst, size_t nbytes) {
+  Step s{};
+  s.kind = StepKind::kRecv;
+  s.tag = c.tag;
+  s.recv_peer = peer;
+  s.dst = dst;
+  s.nbytes = nbytes;
+  c.out->push_back(s);
+}
+
+void push_copy(const PlanContext& c, const char* src, char* dst, size_t nbytes) {
+  if (src == dst) return;
+  Step s{};
+  s.kind = StepKind::kLocalCopy;
+  s.tag = c.tag;
+  s.src = src;
+  s.dst = dst;
+  s.nbytes = nbytes;
+  c.out->push_back(s);
+}
+
+}  // namespace
+
+void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg) {
+  const int n = c.world, r = c.rank;
+  if (n == 1) return;
+  const size_t bytes = count * c.elem;
+  for (int i = 1; i < n; ++i) push_send(c, mod(r + i, n), buf, bytes);
+  for (int i = 1; i < n; ++i) {
+    int p = mod(r - i, n);
+    push_recv(c, p, scratch + p * bytes, bytes);
+  }
+  // Fold inputs 0..n-1 in rank order. On rank 0 the accumulator is buf itself;
+  // elsewhere it is scratch slot 0 until the last fold writes buf (buf, the own
+  // input, is read at fold r before it is overwritten at fold n-1 >= r).
+  const char* acc = r == 0 ? buf : scratch;
+  for (int p = 1; p < n; ++p) {
+    Step s{};
+    s.kind = StepKind::kLocalReduce;
+    s.tag = c.tag;
+    s.src = acc;
+    s.src2 = p == r ? buf : scratch + p * bytes;
+    s.dst = (p == n - 1 || r == 0) ? buf : scratch;
+    s.nbytes = bytes;
+    s.divide = avg && p == n - 1;
+    c.out->push_back(s);
+    acc = s.dst;
+  }
+}
+
+void direct_scatter(const PlanContext& c, int root, const char* in, char* out, size_t nbytes) {
+  const int n = c.world, r = c.rank;
+  if (r != root) {
+    push_recv(c, root, out, nbytes);
+    return;
+  }
+  for (int i = 1; i < n; ++i) {
+    int p = mod(r + i, n);
+    push_send(c, p, in + p * nbytes, nbytes);
+  }
+  push_copy(c, in + r * nbytes, out, nbytes);
+}
+
+void direct_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes) {
+  const int n = c.world, r = c.rank;
+  if (r != root) {
+    push_send(c, root, in, nbytes);
+    return;
+  }
+  for (int i = 1; i < n; ++i) {
+    int p = mod(r - i, n);
+    push_recv(c, p, out + p * nbytes, nbytes);
+  }
+  push_copy(c, in, out + r * nbytes, nbytes);
+}
+
+void pairwise_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes) {
+  const int n = c.world, r = c.rank;
+  for (int i = 1; i < n; ++i) {
+    push_send(c, mod(r + i, n), in + mod(r + i, n) * nbytes, nbytes);
+    push_recv(c, mod(r - i, n), out + mod(r - i, n) * nbytes, nbytes);
+  }
+  push_copy(c, in + r * nbytes, out + r * nbytes, nbytes);
+}
+
+void all_pairs_barrier(const PlanContext& c) {
+  const int n = c.world, r = c.rank;
+  for (int i = 1; i < n; ++i) push_send(c, mod(r + i, n), nullptr, 0);
+  for (int i = 1; i < n; ++i) push_recv(c, mod(r - i, n), nullptr, 0);
+}
+
+void p2p_send(const PlanContext& c, int peer, const char* buf, size_t nbytes) {
+  push_send(c, peer, buf, nbytes);
+}
+
+void p2p_recv(const PlanContext& c, int peer, char* buf, size_t nbytes) {
+  push_recv(c, peer, buf, nbytes);
+}
+
+}  // namespace ringcomm

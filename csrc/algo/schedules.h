@@ -1,0 +1,45 @@
+// Schedules: pure functions that append the Steps of one call to a Schedule.
+// They name peers by rank and buffers by pointer; they never see a transport.
+#pragma once
+
+#include <cstddef>
+
+#include "algo/step.h"
+
+namespace ringcomm {
+
+struct PlanContext {
+  int rank;
+  int world;
+  size_t elem;         // bytes per element
+  size_t slice_elems;  // ring schedules: elements of each block moved per round
+  const MsgTag* tag;   // header every message of the call carries
+  Schedule* out;
+};
+
+// Ring (bandwidth optimal, 2(n-1) steps per round).
+void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
+void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
+                         bool avg);
+void ring_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);
+
+// One shot (latency optimal for small messages): every rank receives every
+// input and reduces them itself in rank order, so all ranks get the same bits.
+// `scratch` holds world * count elements.
+void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg);
+
+// Chains along the ring starting at the root (pipelined through the FIFOs).
+void chain_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
+void chain_reduce(const PlanContext& c, int root, char* buf, size_t count, bool avg);
+
+// Direct exchanges.
+void direct_scatter(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
+void direct_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
+void pairwise_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes_per_rank);
+void all_pairs_barrier(const PlanContext& c);
+
+// Point to point.
+void p2p_send(const PlanContext& c, int peer, const char* buf, size_t nbytes);
+void p2p_recv(const PlanContext& c, int peer, char* buf, size_t nbytes);
+
+}  // namespace ringcomm

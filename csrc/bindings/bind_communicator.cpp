@@ -1,0 +1,171 @@
+// Communicator, Config and Work. Buffers are read with the GIL held, then the
+// GIL is released for the whole native call (and for Work.wait).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings/bind.h"
+#include "bindings/buffers.h"
+#include "comm/communicator.h"
+
+namespace py = pybind11;
+
+namespace ringcomm {
+namespace {
+
+// Asynchronous calls keep their buffers alive through the Work (the Python
+// layer also holds in-flight Works until they complete).
+py::object finish(std::shared_ptr<Work> work, py::tuple keep) {
+  if (!work) return py::none();
+  py::object w = py::cast(std::move(work));
+  w.attr("_buffers") = std::move(keep);
+  return w;
+}
+
+ReduceOp to_op(int op) {
+  if (op < 0 || op >= kNumReduceOps) throw ValueError("op " + std::to_string(op) + " is not a ReduceOp");
+  return static_cast<ReduceOp>(op);
+}
+
+}  // namespace
+
+void bind_communicator(py::module_& m) {
+  py::class_<Config>(m, "Config")
+      .def(py::init<>())
+      .def_readwrite("slot_bytes", &Config::slot_bytes)
+      .def_readwrite("nslots", &Config::nslots)
+      .def_readwrite("algo", &Config::algo)
+      .def_readwrite("oneshot_max_bytes", &Config::oneshot_max_bytes)
+      .def_readwrite("timeout_s", &Config::timeout_s)
+      .def_property(
+          "spin_us", [](const Config& c) { return std::chrono::duration<double, std::micro>(c.wait.spin).count(); },
+          [](Config& c, double us) {
+            c.wait.spin = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(us));
+          })
+      .def_property(
+          "yield_us", [](const Config& c) { return std::chrono::duration<double, std::micro>(c.wait.yield).count(); },
+          [](Config& c, double us) {
+            c.wait.yield = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(us));
+          });
+
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work", py::dynamic_attr())
+      .def("wait", &Work::wait, py::arg("timeout_s") = -1.0, py::call_guard<py::gil_scoped_release>())
+      .def("is_completed", &Work::is_completed)
+      .def("error_message", &Work::error_message)
+      .def("is_timeout", [](Work& w) { return w.error_kind() == Work::ErrorKind::kTimeout; })
+      .def_property_readonly("what", &Work::what);
+
+  using C = Communicator;
+  py::class_<C>(m, "Communicator")
+      .def(py::init<int, int, Config>(), py::arg("rank"), py::arg("world_size"), py::arg("config"))
+      .def_property_readonly("rank", &C::rank)
+      .def_property_readonly("world_size", &C::world)
+      .def_property_readonly("closed", &C::closed)
+      .def("segment_name", &C::segment_name)
+      .def("connect", &C::connect, py::call_guard<py::gil_scoped_release>())
+      .def("unlink_segment", &C::unlink_segment)
+      .def("error", &C::error)
+      .def("close", &C::close, py::call_guard<py::gil_scoped_release>())
+      .def("abort", &C::abort, py::call_guard<py::gil_scoped_release>())
+      .def("all_reduce", [](C& c, py::handle x, int op, bool async) {
+        Buffer b = buffer_from_python(x, "tensor", true);
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.all_reduce(b, to_op(op), async);
+        }
+        return finish(std::move(w), py::make_tuple(x));
+      })
+      .def("reduce_scatter", [](C& c, py::handle out, py::handle in, int op, bool async) {
+        Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.reduce_scatter(o, i, to_op(op), async);
+        }
+        return finish(std::move(w), py::make_tuple(out, in));
+      })
+      .def("all_gather", [](C& c, py::handle out, py::handle in, bool async) {
+        Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.all_gather(o, i, async);
+        }
+        return finish(std::move(w), py::make_tuple(out, in));
+      })
+      .def("broadcast", [](C& c, py::handle x, int src, bool async) {
+        Buffer b = buffer_from_python(x, "tensor", true);
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.broadcast(b, src, async);
+        }
+        return finish(std::move(w), py::make_tuple(x));
+      })
+      .def("reduce", [](C& c, py::handle x, int dst, int op, bool async) {
+        Buffer b = buffer_from_python(x, "tensor", true);
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.reduce(b, dst, to_op(op), async);
+        }
+        return finish(std::move(w), py::make_tuple(x));
+      })
+      .def("scatter", [](C& c, py::handle out, py::handle in, int src, bool async) {
+        Buffer o = buffer_from_python(out, "output", true);
+        Buffer i = c.rank() == src ? buffer_from_python(in, "input", false, true) : Buffer{};
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.scatter(o, i, src, async);
+        }
+        return finish(std::move(w), py::make_tuple(out, in));
+      })
+      .def("gather", [](C& c, py::handle out, py::handle in, int dst, bool async) {
+        Buffer o = c.rank() == dst ? buffer_from_python(out, "output", true, true) : Buffer{};
+        Buffer i = buffer_from_python(in, "input", false);
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.gather(o, i, dst, async);
+        }
+        return finish(std::move(w), py::make_tuple(out, in));
+      })
+      .def("all_to_all", [](C& c, py::handle out, py::handle in, bool async) {
+        Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.all_to_all(o, i, async);
+        }
+        return finish(std::move(w), py::make_tuple(out, in));
+      })
+      .def("send", [](C& c, py::handle x, int dst, bool async) {
+        Buffer b = buffer_from_python(x, "tensor", false);
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.send(b, dst, async);
+        }
+        return finish(std::move(w), py::make_tuple(x));
+      })
+      .def("recv", [](C& c, py::handle x, int src, bool async) {
+        Buffer b = buffer_from_python(x, "tensor", true);
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.recv(b, src, async);
+        }
+        return finish(std::move(w), py::make_tuple(x));
+      })
+      .def("barrier", [](C& c, bool async) {
+        std::shared_ptr<Work> w;
+        {
+          py::gil_scoped_release r;
+          w = c.barrier(async);
+        }
+        return finish(std::move(w), py::make_tuple());
+      });
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,32 @@
+// C++ errors -> Python: Error -> RingcommError (a RuntimeError), TimeoutError
+// -> ringcomm.TimeoutError (a RingcommError), ValueError / TypeError -> the
+// builtins.
+#include <pybind11/pybind11.h>
+
+#include "bindings/bind.h"
+#include "ringcomm/types.h"
+
+namespace py = pybind11;
+
+namespace ringcomm {
+
+void bind_errors(py::module_& m) {
+  // pybind11 tries translators newest first: register the base class first.
+  static py::exception<Error> base(m, "RingcommError", PyExc_RuntimeError);
+  static py::exception<TimeoutError> timeout(m, "TimeoutError", base.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const TimeoutError& e) {
+      py::set_error(timeout, e.what());
+    } catch (const Error& e) {
+      py::set_error(base, e.what());
+    } catch (const TypeError& e) {
+      py::set_error(PyExc_TypeError, e.what());
+    } catch (const ValueError& e) {
+      py::set_error(PyExc_ValueError, e.what());
+    }
+  });
+}
+
+}  // namespace ringcomm

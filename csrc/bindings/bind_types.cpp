@@ -1,0 +1,52 @@
+// Dtype / reduce-op helpers and build facts; also small pure functions
+// exposed so the tests can check them without starting any process.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "algo/blocks.h"
+#include "bindings/bind.h"
+#include "bindings/buffers.h"
+#include "ringcomm/reducer.h"
+
+namespace py = pybind11;
+
+namespace ringcomm {
+
+void bind_types(py::module_& m) {
+  m.def("build_info", [] {
+    py::dict d;
+    d["cuda"] = false;
+    d["nccl"] = false;
+    d["transports"] = py::make_tuple("shm");
+    d["reduce_isa"] = reducer_isa();
+    d["compiler"] = __VERSION__;
+    return d;
+  });
+  m.def("dtype_name", [](int t) { return std::string(dtype_name(static_cast<DataType>(t))); });
+  m.def("reduce_op_supported", [](int t, int op) {
+    return reduce_op_supported(static_cast<DataType>(t), static_cast<ReduceOp>(op));
+  });
+  m.def("ring_block", [](size_t count, int n, int i) {
+    Range r = ring_block(count, n, i);
+    return py::make_tuple(r.offset, r.count);
+  });
+  m.def("buffer_info", [](py::handle obj) {
+    Buffer b = buffer_from_python(obj, "buffer", false);
+    return py::make_tuple(reinterpret_cast<uintptr_t>(b.ptr), b.count, static_cast<int>(b.dtype));
+  });
+  // dst <- a (op) b, and AVG's division by `divisor`: the kernels alone.
+  m.def("local_reduce", [](py::handle dst, py::handle a, py::handle b, int op, int divisor) {
+    Buffer d = buffer_from_python(dst, "dst", true);
+    Buffer x = buffer_from_python(a, "a", false);
+    Buffer y = buffer_from_python(b, "b", false);
+    if (d.dtype != x.dtype || d.dtype != y.dtype || d.count != x.count || d.count != y.count) {
+      throw ValueError("local_reduce: dst, a and b must have the same dtype and size");
+    }
+    Reducer r = make_reducer(d.dtype, static_cast<ReduceOp>(op));
+    py::gil_scoped_release release;
+    r.fn(d.ptr, x.ptr, y.ptr, d.count);
+    if (r.divide) r.divide(d.ptr, d.count, divisor);
+  }, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"), py::arg("divisor") = 1);
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,171 @@
+#include "bindings/buffers.h"
+
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+namespace py = pybind11;
+
+namespace ringcomm {
+namespace {
+
+[[noreturn]] void bad_dtype(const char* arg, const std::string& what) {
+  throw TypeError(std::string(arg) + " has unsupported dtype " + what +
+                  "; supported: float16, bfloat16, float32, float64, int8, uint8, int32, int64, bool");
+}
+
+DataType from_format(const char* arg, const char* fmt, Py_ssize_t itemsize) {
+  std::string f = fmt ? fmt : "B";
+  if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f = f.substr(1);
+  if (!f.empty() && (f[0] == '>' || f[0] == '!')) bad_dtype(arg, "'" + f + "' (big-endian)");
+  if (f.size() == 1) {
+    switch (f[0]) {
+      case 'e': return DataType::kFloat16;
+      case 'f': return DataType::kFloat32;
+      case 'd': return DataType::kFloat64;
+      case 'b': return DataType::kInt8;
+      case 'B': return DataType::kUInt8;
+      case '?': return DataType::kBool;
+      case 'i': case 'l': case 'q': case 'n':
+        if (itemsize == 4) return DataType::kInt32;
+        if (itemsize == 8) return DataType::kInt64;
+        break;
+      default: break;
+    }
+  }
+  bad_dtype(arg, "'" + f + "' (" + std::to_string(itemsize) + " bytes)");
+}
+
+DataType from_typestr(const char* arg, const std::string& t) {
+  // numpy typestr, e.g. "<f4", "|b1", "|u1", "<i8"
+  if (t.size() < 3 || t[0] == '>') bad_dtype(arg, "'" + t + "'");
+  char kind = t[1];
+  int size = std::atoi(t.c_str() + 2);
+  if (kind == 'f' && size == 2) return DataType::kFloat16;
+  if (kind == 'f' && size == 4) return DataType::kFloat32;
+  if (kind == 'f' && size == 8) return DataType::kFloat64;
+  if (kind == 'i' && size == 1) return DataType::kInt8;
+  if (kind == 'u' && size == 1) return DataType::kUInt8;
+  if (kind == 'i' && size == 4) return DataType::kInt32;
+  if (kind == 'i' && size == 8) return DataType::kInt64;
+  if (kind == 'b' && size == 1) return DataType::kBool;
+  bad_dtype(arg, "'" + t + "'");
+}
+
+DataType from_torch_dtype(const char* arg, py::handle dtype) {
+  // torch dtypes are singletons: cache their mapping by identity.
+  static std::unordered_map<PyObject*, DataType> cache;
+  auto it = cache.find(dtype.ptr());
+  if (it != cache.end()) return it->second;
+  std::string name = py::str(dtype);
+  static const std::pair<const char*, DataType> names[] = {
+      {"torch.float16", DataType::kFloat16}, {"torch.bfloat16", DataType::kBFloat16},
+      {"torch.float32", DataType::kFloat32}, {"torch.float64", DataType::kFloat64},
+      {"torch.int8", DataType::kInt8},       {"torch.uint8", DataType::kUInt8},
+      {"torch.int32", DataType::kInt32},     {"torch.int64", DataType::kInt64},
+      {"torch.bool", DataType::kBool}};
+  for (auto& [n, t] : names) {
+    if (name == n) {
+      cache.emplace(dtype.inc_ref().ptr(), t);
+      return t;
+    }
+  }
+  bad_dtype(arg, name);
+}
+
+bool is_torch_tensor(py::handle obj) {
+  static PyTypeObject* tensor_type = nullptr;
+  PyTypeObject* t = Py_TYPE(obj.ptr());
+  if (tensor_type) return PyType_IsSubtype(t, tensor_type);
+  // Look the class up only once torch has been imported by somebody.
+  PyObject* modules = PyImport_GetModuleDict();
+  PyObject* torch = PyDict_GetItemString(modules, "torch");
+  if (!torch) return false;
+  py::object cls = py::reinterpret_borrow<py::object>(torch).attr("Tensor");
+  tensor_type = reinterpret_cast<PyTypeObject*>(cls.inc_ref().ptr());
+  return PyType_IsSubtype(t, tensor_type);
+}
+
+Buffer from_torch(py::handle obj, const char* arg) {
+  if (!obj.attr("is_cpu").cast<bool>()) {
+    throw ValueError(std::string(arg) + " is on device " + std::string(py::str(obj.attr("device"))) +
+                     "; this build of ringcomm handles CPU tensors only");
+  }
+  if (!obj.attr("is_contiguous")().cast<bool>()) {
+    throw ValueError(std::string(arg) + " must be contiguous (call .contiguous() first)");
+  }
+  Buffer b;
+  b.dtype = from_torch_dtype(arg, obj.attr("dtype"));
+  b.count = obj.attr("numel")().cast<size_t>();
+  b.ptr = reinterpret_cast<char*>(obj.attr("data_ptr")().cast<uintptr_t>());
+  b.present = true;
+  return b;
+}
+
+Buffer from_array_interface(py::handle obj, const char* arg, bool writable) {
+  py::dict ai = obj.attr("__array_interface__");
+  py::tuple data = ai["data"];
+  if (writable && data[1].cast<bool>()) throw ValueError(std::string(arg) + " is read-only");
+  if (ai.contains("strides") && !ai["strides"].is_none()) {
+    // Accept strides only if they describe the C-contiguous layout.
+    Buffer b;
+    b.dtype = from_typestr(arg, ai["typestr"].cast<std::string>());
+    py::tuple shape = ai["shape"], strides = ai["strides"];
+    Py_ssize_t expect = static_cast<Py_ssize_t>(dtype_size(b.dtype));
+    for (Py_ssize_t i = static_cast<Py_ssize_t>(shape.size()) - 1; i >= 0; --i) {
+      Py_ssize_t dim = shape[i].cast<Py_ssize_t>();
+      if (dim > 1 && strides[i].cast<Py_ssize_t>() != expect) {
+        throw ValueError(std::string(arg) + " must be contiguous");
+      }
+      expect *= dim;
+    }
+  }
+  Buffer b;
+  b.dtype = from_typestr(arg, ai["typestr"].cast<std::string>());
+  b.count = 1;
+  for (auto d : py::tuple(ai["shape"])) b.count *= d.cast<size_t>();
+  b.ptr = reinterpret_cast<char*>(data[0].cast<uintptr_t>());
+  b.present = true;
+  return b;
+}
+
+}  // namespace
+
+Buffer buffer_from_python(py::handle obj, const char* arg, bool writable, bool allow_none) {
+  if (obj.is_none()) {
+    if (allow_none) return Buffer{};
+    throw ValueError(std::string(arg) + " is required, got None");
+  }
+  if (is_torch_tensor(obj)) return from_torch(obj, arg);
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    Py_buffer view;
+    int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
+      PyErr_Clear();
+      if (writable && PyObject_GetBuffer(obj.ptr(), &view, PyBUF_STRIDES | PyBUF_FORMAT) == 0) {
+        PyBuffer_Release(&view);
+        throw ValueError(std::string(arg) + " is read-only but the call writes into it");
+      }
+      throw TypeError(std::string(arg) + ": cannot read its buffer");
+    }
+    struct Release {
+      Py_buffer* v;
+      ~Release() { PyBuffer_Release(v); }
+    } release{&view};
+    if (!PyBuffer_IsContiguous(&view, 'C')) {
+      throw ValueError(std::string(arg) + " must be contiguous (numpy: np.ascontiguousarray)");
+    }
+    Buffer b;
+    b.dtype = from_format(arg, view.format, view.itemsize);
+    b.count = static_cast<size_t>(view.len / view.itemsize);
+    b.ptr = static_cast<char*>(view.buf);
+    b.present = true;
+    return b;
+  }
+  if (py::hasattr(obj, "__array_interface__")) return from_array_interface(obj, arg, writable);
+  throw TypeError(std::string(arg) + " must be a numpy array, a torch tensor or an object with the "
+                  "buffer protocol / __array_interface__; got " +
+                  std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,12 @@
+// ringcomm._C: the private extension module. Each bind_*.cpp registers one
+// concept; users import the public package `ringcomm`, never this module.
+#include <pybind11/pybind11.h>
+
+#include "bindings/bind.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "ringcomm native core (private; use the ringcomm package)";
+  ringcomm::bind_errors(m);
+  ringcomm::bind_types(m);
+  ringcomm::bind_communicator(m);
+}

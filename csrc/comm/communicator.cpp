@@ -1,0 +1,431 @@
+#include "comm/communicator.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "algo/schedules.h"
+#include "ringcomm/reducer.h"
+
+namespace ringcomm {
+namespace {
+
+constexpr uint8_t kNoReduce = 0xff;
+
+std::string str(size_t v) { return std::to_string(v); }
+
+void require_present(const Buffer& b, const char* arg, const char* op) {
+  if (!b.present) throw ValueError(std::string(op) + ": " + arg + " is required, got None");
+}
+
+void require_same_dtype(const Buffer& out, const Buffer& in, const char* op) {
+  if (out.dtype != in.dtype) {
+    throw TypeError(std::string(op) + ": output has dtype " + dtype_name(out.dtype) +
+                    " but input has dtype " + dtype_name(in.dtype) + "; they must match");
+  }
+}
+
+bool overlaps(const Buffer& x, const Buffer& y) {
+  if (x.nbytes() == 0 || y.nbytes() == 0) return false;
+  return x.ptr < y.ptr + y.nbytes() && y.ptr < x.ptr + x.nbytes();
+}
+
+}  // namespace
+
+Communicator::Communicator(int rank, int world, Config config)
+    : rank_(rank),
+      world_(world),
+      config_(std::move(config)),
+      shm_(std::make_unique<ShmTransport>(rank, world, config_.slot_bytes, config_.nslots)),
+      executor_(shm_.get(), rank, world, config_.wait),
+      scratch_(static_cast<size_t>(world) * config_.oneshot_max_bytes),
+      send_seq_(world),
+      recv_seq_(world) {
+  schedule_.reserve(1024);
+}
+
+Communicator::~Communicator() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+void Communicator::connect(const std::vector<std::string>& names) { shm_->connect(names); }
+
+std::string Communicator::error() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
+}
+
+void Communicator::check_usable() {
+  if (closed_) throw Error("ringcomm: the communicator is closed");
+  if (!error_.empty()) {
+    throw Error("ringcomm: the communicator is unusable after an earlier error (" + error_ +
+                "); create a new one");
+  }
+}
+
+void Communicator::check_root(int root, const char* arg) const {
+  if (root < 0 || root >= world_) {
+    throw ValueError(std::string(arg) + " " + std::to_string(root) +
+                     " is out of range for a communicator of world size " + std::to_string(world_));
+  }
+}
+
+void Communicator::check_peer(int peer, const char* arg) const {
+  check_root(peer, arg);
+  if (peer == rank_) {
+    throw ValueError(std::string(arg) + " " + std::to_string(peer) +
+                     " is this rank; send/recv need another rank");
+  }
+}
+
+Communicator::Call Communicator::collective(OpKind kind, DataType dtype, size_t count,
+                                            const char* name) {
+  Call c;
+  c.kind = kind;
+  c.name = name;
+  c.tag.kind = static_cast<uint8_t>(kind);
+  c.tag.dtype = static_cast<uint8_t>(dtype);
+  c.tag.redop = kNoReduce;
+  c.tag.count = count;
+  return c;
+}
+
+std::shared_ptr<Work> Communicator::all_reduce(Buffer x, ReduceOp op, bool async) {
+  require_present(x, "tensor", "all_reduce");
+  make_reducer(x.dtype, op);  // throws ValueError for an op the dtype lacks
+  Call c = collective(OpKind::kAllReduce, x.dtype, x.count, "all_reduce");
+  c.a = x;
+  c.redop = op;
+  c.reduces = true;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter(Buffer out, Buffer in, ReduceOp op, bool async) {
+  const char* name = "reduce_scatter";
+  require_present(out, "output", name);
+  require_present(in, "input", name);
+  require_same_dtype(out, in, name);
+  if (in.count != out.count * world_) {
+    throw ValueError(std::string(name) + ": input must hold world_size * output elements (" +
+                     str(world_) + " * " + str(out.count) + " = " + str(world_ * out.count) +
+                     "), got " + str(in.count));
+  }
+  if (overlaps(out, in) && out.ptr != in.ptr + rank_ * out.nbytes()) {
+    throw ValueError(std::string(name) + ": output overlaps input but is not input's block of rank " +
+                     std::to_string(rank_));
+  }
+  make_reducer(in.dtype, op);
+  Call c = collective(OpKind::kReduceScatter, in.dtype, out.count, name);
+  c.a = out;
+  c.b = in;
+  c.redop = op;
+  c.reduces = true;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::all_gather(Buffer out, Buffer in, bool async) {
+  const char* name = "all_gather";
+  require_present(out, "output", name);
+  require_present(in, "input", name);
+  require_same_dtype(out, in, name);
+  if (out.count != in.count * world_) {
+    throw ValueError(std::string(name) + ": output must hold world_size * input elements (" +
+                     str(world_) + " * " + str(in.count) + " = " + str(world_ * in.count) +
+                     "), got " + str(out.count));
+  }
+  if (overlaps(out, in) && in.ptr != out.ptr + rank_ * in.nbytes()) {
+    throw ValueError(std::string(name) +
+                     ": output and input overlap; the only in-place form allowed is input == "
+                     "output[rank * len(input):(rank + 1) * len(input)]");
+  }
+  Call c = collective(OpKind::kAllGather, in.dtype, in.count, name);
+  c.a = out;
+  c.b = in;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::broadcast(Buffer x, int src, bool async) {
+  require_present(x, "tensor", "broadcast");
+  check_root(src, "src");
+  Call c = collective(OpKind::kBroadcast, x.dtype, x.count, "broadcast");
+  c.a = x;
+  c.root = src;
+  c.tag.root = src;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::reduce(Buffer x, int dst, ReduceOp op, bool async) {
+  require_present(x, "tensor", "reduce");
+  check_root(dst, "dst");
+  make_reducer(x.dtype, op);
+  Call c = collective(OpKind::kReduce, x.dtype, x.count, "reduce");
+  c.a = x;
+  c.root = dst;
+  c.tag.root = dst;
+  c.redop = op;
+  c.reduces = true;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::scatter(Buffer out, Buffer in, int src, bool async) {
+  const char* name = "scatter";
+  require_present(out, "output", name);
+  check_root(src, "src");
+  if (rank_ == src) {
+    require_present(in, "input (on the src rank)", name);
+    require_same_dtype(out, in, name);
+    if (in.count != out.count * world_) {
+      throw ValueError(std::string(name) + ": input must hold world_size * output elements (" +
+                       str(world_ * out.count) + "), got " + str(in.count));
+    }
+    if (overlaps(out, in) && out.ptr != in.ptr + rank_ * out.nbytes()) {
+      throw ValueError(std::string(name) + ": output overlaps input but is not input's block of rank " +
+                       std::to_string(rank_));
+    }
+  }
+  Call c = collective(OpKind::kScatter, out.dtype, out.count, name);
+  c.a = out;
+  c.b = rank_ == src ? in : Buffer{};
+  c.root = src;
+  c.tag.root = src;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::gather(Buffer out, Buffer in, int dst, bool async) {
+  const char* name = "gather";
+  require_present(in, "input", name);
+  check_root(dst, "dst");
+  if (rank_ == dst) {
+    require_present(out, "output (on the dst rank)", name);
+    require_same_dtype(out, in, name);
+    if (out.count != in.count * world_) {
+      throw ValueError(std::string(name) + ": output must hold world_size * input elements (" +
+                       str(world_ * in.count) + "), got " + str(out.count));
+    }
+    if (overlaps(out, in) && in.ptr != out.ptr + rank_ * in.nbytes()) {
+      throw ValueError(std::string(name) + ": input overlaps output but is not output's block of rank " +
+                       std::to_string(rank_));
+    }
+  }
+  Call c = collective(OpKind::kGather, in.dtype, in.count, name);
+  c.a = rank_ == dst ? out : Buffer{};
+  c.b = in;
+  c.root = dst;
+  c.tag.root = dst;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::all_to_all(Buffer out, Buffer in, bool async) {
+  const char* name = "all_to_all";
+  require_present(out, "output", name);
+  require_present(in, "input", name);
+  require_same_dtype(out, in, name);
+  if (out.count != in.count) {
+    throw ValueError(std::string(name) + ": output and input must hold the same number of elements, got " +
+                     str(out.count) + " and " + str(in.count));
+  }
+  if (in.count % world_ != 0) {
+    throw ValueError(std::string(name) + ": input elements (" + str(in.count) +
+                     ") must divide evenly by world size " + std::to_string(world_));
+  }
+  if (overlaps(out, in)) throw ValueError(std::string(name) + ": output and input overlap; in-place is not supported");
+  Call c = collective(OpKind::kAllToAll, in.dtype, in.count, name);
+  c.a = out;
+  c.b = in;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::send(Buffer x, int dst, bool async) {
+  require_present(x, "tensor", "send");
+  check_peer(dst, "dst");
+  Call c = collective(OpKind::kSend, x.dtype, x.count, "send");
+  c.a = x;
+  c.root = dst;
+  c.is_send = true;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::recv(Buffer x, int src, bool async) {
+  require_present(x, "tensor", "recv");
+  check_peer(src, "src");
+  Call c = collective(OpKind::kSend, x.dtype, x.count, "recv");
+  c.a = x;
+  c.root = src;
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::barrier(bool async) {
+  Call c = collective(OpKind::kBarrier, DataType::kUInt8, 0, "barrier");
+  return submit(std::move(c), async);
+}
+
+std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
+  std::unique_lock<std::mutex> lk(mu_);
+  check_usable();
+  // Sequence numbers follow issue order: collectives count on the
+  // communicator, point-to-point messages on their pair of ranks.
+  if (call.kind == OpKind::kSend) {
+    call.tag.seq = ++(call.is_send ? send_seq_ : recv_seq_)[call.root];
+    call.name += std::string(call.is_send ? " to rank " : " from rank ") + std::to_string(call.root);
+  } else {
+    call.tag.seq = ++seq_;
+  }
+  if (call.reduces) call.tag.redop = static_cast<uint8_t>(call.redop);
+  auto work = std::make_shared<Work>(call.name);
+  if (!async && queue_.empty() && !running_) {
+    running_ = true;
+    lk.unlock();
+    execute(call, *work);
+    lk.lock();
+    running_ = false;
+    cv_.notify_all();
+    lk.unlock();
+    work->rethrow();
+    return nullptr;
+  }
+  queue_.emplace_back(std::move(call), work);
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  cv_.notify_all();
+  lk.unlock();
+  if (async) return work;
+  work->wait(-1);
+  return nullptr;
+}
+
+void Communicator::worker_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return (stop_ && queue_.empty()) || (!queue_.empty() && !running_); });
+    if (queue_.empty()) return;
+    auto item = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    lk.unlock();
+    execute(item.first, *item.second);
+    lk.lock();
+    running_ = false;
+    cv_.notify_all();
+  }
+}
+
+void Communicator::plan(Call& c, const Reducer* reducer) {
+  const size_t elem = dtype_size(static_cast<DataType>(c.tag.dtype));
+  // Each ring round moves slices of a quarter of the FIFO depth, well below
+  // the half that keeps the ring deadlock free (see algo/ring.cpp).
+  const size_t segments = std::max(1, config_.nslots / 4);
+  const size_t slice = std::max<size_t>(1, segments * config_.slot_bytes / elem);
+  PlanContext ctx{rank_, world_, elem, slice, &c.tag, &schedule_};
+  const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
+  schedule_.clear();
+  switch (c.kind) {
+    case OpKind::kAllReduce: {
+      const size_t bytes = c.a.nbytes();
+      bool oneshot = config_.algo == "oneshot" ||
+                     (config_.algo == "auto" && bytes <= config_.oneshot_max_bytes);
+      if (oneshot) {
+        if (scratch_.size() < bytes * world_) scratch_.resize(bytes * world_);
+        oneshot_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
+      } else {
+        ring_all_reduce(ctx, c.a.ptr, c.a.count, avg);
+      }
+      break;
+    }
+    case OpKind::kReduceScatter:
+      ring_reduce_scatter(ctx, c.b.ptr, c.a.ptr, c.a.count, avg);
+      break;
+    case OpKind::kAllGather:
+      ring_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);
+      break;
+    case OpKind::kBroadcast:
+      chain_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
+      break;
+    case OpKind::kReduce:
+      chain_reduce(ctx, c.root, c.a.ptr, c.a.count, avg);
+      break;
+    case OpKind::kScatter:
+      direct_scatter(ctx, c.root, c.b.ptr, c.a.ptr, c.a.nbytes());
+      break;
+    case OpKind::kGather:
+      direct_gather(ctx, c.root, c.b.ptr, c.a.ptr, c.b.nbytes());
+      break;
+    case OpKind::kAllToAll:
+      pairwise_all_to_all(ctx, c.b.ptr, c.a.ptr, c.b.nbytes() / world_);
+      break;
+    case OpKind::kSend:
+      if (c.is_send) {
+        p2p_send(ctx, c.root, c.a.ptr, c.a.nbytes());
+      } else {
+        p2p_recv(ctx, c.root, c.a.ptr, c.a.nbytes());
+      }
+      break;
+    case OpKind::kBarrier:
+      all_pairs_barrier(ctx);
+      break;
+  }
+  (void)reducer;
+}
+
+void Communicator::execute(Call& c, Work& work) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_.empty()) {
+      work.fail(Work::ErrorKind::kError,
+                "ringcomm: " + c.name + " was not run: the communicator failed earlier (" + error_ + ")");
+      return;
+    }
+  }
+  Work::ErrorKind kind = Work::ErrorKind::kNone;
+  std::string message;
+  try {
+    Reducer reducer{};
+    const Reducer* rp = nullptr;
+    if (c.reduces) {
+      reducer = make_reducer(static_cast<DataType>(c.tag.dtype), c.redop);
+      rp = &reducer;
+    }
+    plan(c, rp);
+    CallInfo info{c.name, c.tag.seq, rank_, config_.timeout_s};
+    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(config_.timeout_s));
+    executor_.run(schedule_, rp, deadline, info);
+    work.complete();
+    return;
+  } catch (const TimeoutError& e) {
+    kind = Work::ErrorKind::kTimeout;
+    message = e.what();
+  } catch (const std::exception& e) {
+    kind = Work::ErrorKind::kError;
+    message = e.what();
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_.empty()) error_ = message;
+  }
+  shm_->announce_abort("rank " + std::to_string(rank_) + ": " + message);
+  work.fail(kind, message);
+}
+
+void Communicator::close() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (closed_) return;
+  stop_ = true;
+  cv_.notify_all();
+  lk.unlock();
+  if (worker_.joinable()) worker_.join();
+  lk.lock();
+  closed_ = true;
+  lk.unlock();
+  shm_.reset();
+}
+
+void Communicator::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_.empty()) error_ = "aborted: " + why;
+  }
+  if (shm_) shm_->announce_abort("rank " + std::to_string(rank_) + " aborted: " + why);
+}
+
+}  // namespace ringcomm

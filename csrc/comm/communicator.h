@@ -1,0 +1,113 @@
+// The communicator: the one place that wires a transport to the schedules.
+//
+// Calls are validated here (before anything is sent), tagged with a sequence
+// number in issue order, and then run either inline in the calling thread
+// (synchronous calls with nothing queued: the latency path) or by one worker
+// thread per communicator (asynchronous calls, executed in issue order).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algo/step.h"
+#include "comm/buffer.h"
+#include "comm/describe.h"
+#include "comm/executor.h"
+#include "comm/work.h"
+#include "transport/shm/shm_transport.h"
+
+namespace ringcomm {
+
+struct Config {
+  size_t slot_bytes = 128 * 1024;       // bytes per FIFO slot (one pipelined segment)
+  int nslots = 16;                      // slots per FIFO (segments in flight per peer)
+  std::string algo = "auto";            // all_reduce: auto | ring | oneshot
+  size_t oneshot_max_bytes = 64 * 1024;  // auto: one-shot all_reduce up to this size
+  double timeout_s = 300.0;
+  WaitPolicy wait;
+};
+
+class Communicator {
+ public:
+  Communicator(int rank, int world, Config config);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const Config& config() const { return config_; }
+
+  // Bootstrap (the store exchange happens in Python): this rank's segment
+  // name, then every rank's, then the unlink once all peers mapped it.
+  std::string segment_name() const { return shm_->segment_name(); }
+  void connect(const std::vector<std::string>& segment_names);
+  void unlink_segment() { shm_->unlink(); }
+
+  // Every call returns the Work when `async`, nullptr after a synchronous
+  // call completed (its error is thrown).
+  std::shared_ptr<Work> all_reduce(Buffer x, ReduceOp op, bool async);
+  std::shared_ptr<Work> reduce_scatter(Buffer out, Buffer in, ReduceOp op, bool async);
+  std::shared_ptr<Work> all_gather(Buffer out, Buffer in, bool async);
+  std::shared_ptr<Work> broadcast(Buffer x, int src, bool async);
+  std::shared_ptr<Work> reduce(Buffer x, int dst, ReduceOp op, bool async);
+  std::shared_ptr<Work> scatter(Buffer out, Buffer in, int src, bool async);
+  std::shared_ptr<Work> gather(Buffer out, Buffer in, int dst, bool async);
+  std::shared_ptr<Work> all_to_all(Buffer out, Buffer in, bool async);
+  std::shared_ptr<Work> send(Buffer x, int dst, bool async);
+  std::shared_ptr<Work> recv(Buffer x, int src, bool async);
+  std::shared_ptr<Work> barrier(bool async);
+
+  // Waits for queued work, stops the worker, unmaps the segments.
+  void close();
+  // Fails this communicator now and tells the peers (they fail fast too).
+  void abort(const std::string& why);
+  bool closed() const { return closed_; }
+  // Non-empty once an operation failed: later calls are refused.
+  std::string error();
+
+ private:
+  struct Call {
+    OpKind kind;
+    MsgTag tag;
+    ReduceOp redop = ReduceOp::kSum;
+    bool reduces = false;
+    int root = -1;  // root, or the peer of send/recv
+    bool is_send = false;
+    Buffer a, b;    // a: in-place buffer or output, b: input
+    std::string name;
+  };
+
+  std::shared_ptr<Work> submit(Call call, bool async);
+  void execute(Call& call, Work& work);
+  void plan(Call& call, const Reducer* reducer);
+  void worker_loop();
+  void check_usable();
+  void check_root(int root, const char* arg) const;
+  void check_peer(int peer, const char* arg) const;
+  Call collective(OpKind kind, DataType dtype, size_t count, const char* name);
+
+  const int rank_;
+  const int world_;
+  const Config config_;
+  std::unique_ptr<ShmTransport> shm_;
+  Executor executor_;
+  Schedule schedule_;           // reused by every call (one call runs at a time)
+  std::vector<char> scratch_;   // one-shot all_reduce inputs
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<Call, std::shared_ptr<Work>>> queue_;
+  bool running_ = false;  // a call is executing (inline or on the worker)
+  bool stop_ = false;
+  bool closed_ = false;
+  std::thread worker_;
+  std::string error_;
+  uint64_t seq_ = 0;
+  std::vector<uint64_t> send_seq_, recv_seq_;
+};
+
+}  // namespace ringcomm

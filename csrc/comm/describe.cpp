@@ -1,0 +1,40 @@
+#include "comm/describe.h"
+
+#include "ringcomm/types.h"
+
+namespace ringcomm {
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::kAllReduce: return "all_reduce";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAllGather: return "all_gather";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kScatter: return "scatter";
+    case OpKind::kGather: return "gather";
+    case OpKind::kAllToAll: return "all_to_all";
+    case OpKind::kSend: return "send/recv";
+    case OpKind::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+std::string describe_tag(const MsgTag& t) {
+  std::string s = op_kind_name(static_cast<OpKind>(t.kind));
+  s += "(seq " + std::to_string(t.seq);
+  if (static_cast<OpKind>(t.kind) != OpKind::kBarrier) {
+    s += ", ";
+    s += t.dtype < kNumDataTypes ? dtype_name(static_cast<DataType>(t.dtype)) : "?";
+    s += ", count " + std::to_string(t.count);
+  }
+  if (t.redop != 0xff) {
+    s += ", ";
+    s += t.redop < kNumReduceOps ? reduce_op_name(static_cast<ReduceOp>(t.redop)) : "?";
+  }
+  if (t.root >= 0) s += ", root " + std::to_string(t.root);
+  s += ")";
+  return s;
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,28 @@
+// Human-readable names of calls, for error messages.
+#pragma once
+
+#include <string>
+
+#include "transport/link.h"
+
+namespace ringcomm {
+
+// Kinds of calls; the values travel in message headers.
+enum class OpKind : uint8_t {
+  kAllReduce = 1,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kReduce,
+  kScatter,
+  kGather,
+  kAllToAll,
+  kSend,  // point to point: seq counts messages on the pair of ranks
+  kBarrier,
+};
+
+const char* op_kind_name(OpKind k);
+// "all_reduce(seq 3, float32, count 1000, sum)"
+std::string describe_tag(const MsgTag& t);
+
+}  // namespace ringcomm

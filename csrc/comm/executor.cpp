@@ -1,0 +1,234 @@
+#include "comm/executor.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "comm/describe.h"
+#include "ringcomm/types.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+static inline void cpu_relax() { _mm_pause(); }
+#elif defined(__aarch64__)
+static inline void cpu_relax() { asm volatile("yield" ::: "memory"); }
+#else
+static inline void cpu_relax() {}
+#endif
+
+namespace ringcomm {
+namespace {
+
+// Steps beyond the first incomplete one that a pass looks at. The FIFO order
+// rule blocks anything further anyway; this bounds the cost of a pass.
+size_t window(int world) { return static_cast<size_t>(4 * world + 8); }
+
+uint32_t page_offset(const void* p) {
+  return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 4095);
+}
+
+bool uses_recv(StepKind k) {
+  return k != StepKind::kSend && k != StepKind::kLocalCopy && k != StepKind::kLocalReduce;
+}
+bool uses_send(StepKind k) {
+  return k == StepKind::kSend || k == StepKind::kRecvReduceSend ||
+         k == StepKind::kRecvReduceCopySend || k == StepKind::kRecvCopySend;
+}
+
+}  // namespace
+
+Executor::Executor(Transport* transport, int rank, int world, WaitPolicy policy)
+    : transport_(transport),
+      rank_(rank),
+      world_(world),
+      policy_(policy),
+      send_busy_(world),
+      recv_busy_(world) {}
+
+void Executor::check_header(const Step& s, const MsgHeader& h, size_t expect_bytes) {
+  if (!(h.tag == *s.tag)) {
+    throw Error("ringcomm: mismatched calls: rank " + std::to_string(rank_) + " is in " +
+                describe_tag(*s.tag) + " but rank " + std::to_string(s.recv_peer) + " sent " +
+                describe_tag(h.tag) + "; all ranks must issue the same collectives in the same order");
+  }
+  if (h.segment != s.segment || h.nbytes != expect_bytes) {
+    throw Error("ringcomm: " + describe_tag(*s.tag) + " on rank " + std::to_string(rank_) +
+                ": expected segment " + std::to_string(s.segment) + " of " +
+                std::to_string(expect_bytes) + " bytes from rank " + std::to_string(s.recv_peer) +
+                ", got segment " + std::to_string(h.segment) + " of " + std::to_string(h.nbytes) +
+                " bytes");
+  }
+}
+
+// Moves one step as far as its FIFOs allow. Returns whether anything moved.
+bool Executor::advance(Step& s, const Reducer* reducer) {
+  bool moved = false;
+  if (is_local(s.kind)) {
+    if (s.kind == StepKind::kLocalCopy) {
+      if (s.nbytes) std::memmove(s.dst, s.src, s.nbytes);
+    } else {
+      size_t n = s.nbytes / reducer->elem_size;
+      reducer->fn(s.dst, s.src, s.src2, n);
+      if (s.divide) reducer->divide(s.dst, n, world_);
+    }
+    s.complete = true;
+    return true;
+  }
+  Link* in = s.recv_peer >= 0 ? transport_->link(s.recv_peer) : nullptr;
+  Link* out = s.send_peer >= 0 ? transport_->link(s.send_peer) : nullptr;
+  const size_t slot = (in ? in : out)->slot_bytes();
+  while (!s.complete) {
+    const size_t n = std::min(slot, s.nbytes - s.done);
+    const char* payload = nullptr;
+    const MsgHeader* h = nullptr;
+    if (in) {
+      h = in->recv_peek(&payload);
+      if (!h) break;
+      check_header(s, *h, n);
+    }
+    char* slot_ptr = nullptr;
+    if (out) {
+      const void* align_to = s.kind == StepKind::kSend             ? s.src + s.done
+                             : s.kind == StepKind::kRecvReduceSend ? s.src + s.done
+                                                                   : s.dst + s.done;
+      slot_ptr = out->send_slot(page_offset(align_to));
+      if (!slot_ptr) break;
+    }
+    const size_t elems = reducer ? n / reducer->elem_size : 0;
+    switch (s.kind) {
+      case StepKind::kSend:
+        if (n) std::memcpy(slot_ptr, s.src + s.done, n);
+        break;
+      case StepKind::kRecv:
+        if (n) std::memcpy(s.dst + s.done, payload, n);
+        break;
+      case StepKind::kRecvReduce:
+        reducer->fn(s.dst + s.done, s.src + s.done, payload, elems);
+        if (s.divide) reducer->divide(s.dst + s.done, elems, world_);
+        break;
+      case StepKind::kRecvReduceSend:
+        reducer->fn(slot_ptr, s.src + s.done, payload, elems);
+        break;
+      case StepKind::kRecvReduceCopySend:
+        reducer->fn(s.dst + s.done, s.src + s.done, payload, elems);
+        if (s.divide) reducer->divide(s.dst + s.done, elems, world_);
+        if (n) std::memcpy(slot_ptr, s.dst + s.done, n);
+        break;
+      case StepKind::kRecvCopySend:
+        if (n) {
+          std::memcpy(s.dst + s.done, payload, n);
+          std::memcpy(slot_ptr, s.dst + s.done, n);
+        }
+        break;
+      default:
+        break;
+    }
+    if (out) {
+      MsgHeader oh;
+      oh.tag = *s.tag;
+      oh.nbytes = static_cast<uint32_t>(n);
+      oh.segment = s.segment;
+      out->send_commit(oh);
+    }
+    if (in) in->recv_release();
+    s.done += n;
+    ++s.segment;
+    moved = true;
+    if (s.done == s.nbytes) s.complete = true;
+  }
+  return moved;
+}
+
+// One pass over the active window. A step may touch a FIFO only if no earlier
+// incomplete step uses it (messages on a FIFO stay in order); a local step
+// runs only when everything before it is complete, and blocks what follows.
+bool Executor::pass(Schedule& steps, const Reducer* reducer) {
+  std::fill(send_busy_.begin(), send_busy_.end(), 0);
+  std::fill(recv_busy_.begin(), recv_busy_.end(), 0);
+  bool moved = false;
+  const size_t end = std::min(steps.size(), first_ + window(world_));
+  for (size_t i = first_; i < end; ++i) {
+    Step& s = steps[i];
+    if (s.complete) continue;
+    if (is_local(s.kind)) {
+      if (i == first_) moved |= advance(s, reducer);
+      break;
+    }
+    bool rb = uses_recv(s.kind) && recv_busy_[s.recv_peer];
+    bool sb = uses_send(s.kind) && send_busy_[s.send_peer];
+    if (!rb && !sb) moved |= advance(s, reducer);
+    if (!s.complete) {
+      if (uses_recv(s.kind)) recv_busy_[s.recv_peer] = 1;
+      if (uses_send(s.kind)) send_busy_[s.send_peer] = 1;
+    }
+  }
+  while (first_ < steps.size() && steps[first_].complete) ++first_;
+  return moved;
+}
+
+void Executor::check_peers_alive(const Schedule& steps) {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    std::string why = transport_->peer_abort_reason(p);
+    if (!why.empty()) {
+      throw Error("ringcomm: " + info_->op + " (seq " + std::to_string(info_->seq) + ") on rank " +
+                  std::to_string(rank_) + " failed because rank " + std::to_string(p) +
+                  " aborted: " + why);
+    }
+  }
+}
+
+void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
+  const Step& s = steps[first_];
+  std::string what;
+  const char* payload = nullptr;
+  if (s.recv_peer >= 0 && (s.send_peer < 0 || !transport_->link(s.recv_peer)->recv_peek(&payload))) {
+    what = "waiting for data from rank " + std::to_string(s.recv_peer);
+  } else {
+    what = "waiting for rank " + std::to_string(s.send_peer) + " to take data";
+  }
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.3g", info.timeout_s);
+  throw TimeoutError("ringcomm: " + info.op + " (seq " + std::to_string(info.seq) + ") on rank " +
+                     std::to_string(rank_) + " timed out after " + secs + " s " + what +
+                     " (did every rank call it?)");
+}
+
+void Executor::run(Schedule& steps, const Reducer* reducer, Clock::time_point deadline,
+                   const CallInfo& info) {
+  info_ = &info;
+  first_ = 0;
+  uint64_t idle = 0;
+  Clock::time_point idle_since;
+  enum { kSpin, kYield, kSleep } phase = kSpin;
+  while (first_ < steps.size()) {
+    if (pass(steps, reducer)) {
+      idle = 0;
+      continue;
+    }
+    if (idle++ == 0) {
+      idle_since = Clock::now();
+      phase = kSpin;
+    }
+    if ((idle & 63) == 0) {
+      Clock::time_point now = Clock::now();
+      if (now > deadline) fail_timeout(steps, info);
+      auto waited = now - idle_since;
+      phase = waited < policy_.spin ? kSpin : waited < policy_.spin + policy_.yield ? kYield : kSleep;
+      if (phase != kSpin) check_peers_alive(steps);
+    }
+    if (phase == kSpin) {
+      cpu_relax();
+    } else if (phase == kYield) {
+      sched_yield();
+    } else {
+      bool moved = false;
+      transport_->sleep(deadline, [&] { return moved = pass(steps, reducer); });
+      if (moved) idle = 0;
+    }
+  }
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,57 @@
+// Runs a Schedule over a Transport: moves every Step forward one segment at a
+// time, as far as the FIFOs allow, until all are complete or the deadline
+// passes. Waiting escalates from spinning to yielding to sleeping.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "algo/step.h"
+#include "ringcomm/reducer.h"
+#include "transport/transport.h"
+
+namespace ringcomm {
+
+// How long a rank with nothing to do spins, then yields the CPU, before it
+// sleeps on the transport (waking a sleeper costs tens of microseconds on a
+// VM; spinning for long starves oversubscribed ranks).
+struct WaitPolicy {
+  Clock::duration spin = std::chrono::microseconds(50);
+  Clock::duration yield = std::chrono::microseconds(1000);
+};
+
+// What a failing executor reports about the call it was running.
+struct CallInfo {
+  std::string op;  // "all_reduce"
+  uint64_t seq;
+  int rank;
+  double timeout_s;
+};
+
+class Executor {
+ public:
+  Executor(Transport* transport, int rank, int world, WaitPolicy policy);
+
+  // Runs `steps` to completion. Throws TimeoutError (naming the op, sequence
+  // number, this rank and the peer waited for) or Error (mismatched headers,
+  // a peer that aborted).
+  void run(Schedule& steps, const Reducer* reducer, Clock::time_point deadline,
+           const CallInfo& info);
+
+ private:
+  bool pass(Schedule& steps, const Reducer* reducer);
+  bool advance(Step& s, const Reducer* reducer);
+  void check_header(const Step& s, const MsgHeader& h, size_t expect_bytes);
+  [[noreturn]] void fail_timeout(const Schedule& steps, const CallInfo& info);
+  void check_peers_alive(const Schedule& steps);
+
+  Transport* transport_;
+  int rank_;
+  int world_;
+  WaitPolicy policy_;
+  size_t first_ = 0;  // first incomplete step
+  std::vector<uint8_t> send_busy_, recv_busy_;
+  const CallInfo* info_ = nullptr;
+};
+
+}  // namespace ringcomm

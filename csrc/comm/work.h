@@ -1,0 +1,40 @@
+// The handle of one issued operation. Completed by whichever thread runs it.
+#pragma once
+
+#include <condition_variable>
+#include <mutex>
+#include <string>
+
+namespace ringcomm {
+
+class Work {
+ public:
+  enum class State { kPending, kDone, kFailed };
+  enum class ErrorKind { kNone, kError, kTimeout };
+
+  explicit Work(std::string what) : what_(std::move(what)) {}
+
+  void complete();
+  void fail(ErrorKind kind, const std::string& message);
+
+  // Blocks until the operation finished or `timeout_s` (< 0: forever) passed.
+  // Returns false on a wait timeout; throws the operation's error if it failed.
+  bool wait(double timeout_s);
+  bool is_completed();
+  // Empty unless the operation failed.
+  std::string error_message();
+  ErrorKind error_kind();
+  const std::string& what() const { return what_; }
+  // Throws the stored error (Error or TimeoutError) if the operation failed.
+  void rethrow();
+
+ private:
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::kPending;
+  ErrorKind kind_ = ErrorKind::kNone;
+  std::string message_;
+};
+
+}  // namespace ringcomm

@@ -1,0 +1,65 @@
+// Data types, reduce operations and error types shared by every layer of the core.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace ringcomm {
+
+// Values are part of the binding ABI (python/ringcomm/_dtypes.py mirrors them).
+enum class DataType : uint8_t {
+  kFloat16 = 0,
+  kBFloat16 = 1,
+  kFloat32 = 2,
+  kFloat64 = 3,
+  kInt8 = 4,
+  kUInt8 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+  kBool = 8,
+};
+constexpr int kNumDataTypes = 9;
+
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kProd = 1,
+  kMin = 2,
+  kMax = 3,
+  kAvg = 4,  // SUM followed by a division by the world size
+  kBand = 5,
+  kBor = 6,
+  kBxor = 7,
+};
+constexpr int kNumReduceOps = 8;
+
+size_t dtype_size(DataType t);
+const char* dtype_name(DataType t);
+const char* reduce_op_name(ReduceOp op);
+bool is_integer(DataType t);  // int8..int64 and bool
+bool is_floating(DataType t);
+
+// Whether `op` is defined on `t` (e.g. BAND only on integers, SUM not on bool).
+bool reduce_op_supported(DataType t, ReduceOp op);
+
+// Errors. Bindings map Error -> ringcomm.RingcommError, TimeoutError ->
+// ringcomm.TimeoutError, ValueError/TypeError -> the Python builtins.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+class ValueError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+class TypeError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+}  // namespace ringcomm

@@ -1,0 +1,99 @@
+"""Rendezvous through a c10d Store: who the ranks are, where they run, and the
+names of their shared segments. ringcomm brings no store of its own: it uses
+torch.distributed.TCPStore (as torchrun sets it up) or any store passed in.
+"""
+import json
+import os
+import socket
+from datetime import timedelta
+
+from ringcomm.errors import RingcommError, TimeoutError
+
+
+def host_identity():
+    """hostname + boot id: ranks with equal identities share /dev/shm."""
+    override = os.environ.get("RINGCOMM_HOST_ID")
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "unknown-boot"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def env_int(name):
+    raw = os.environ.get(name)
+    if raw is None:
+        raise ValueError(
+            f"{name} is not set: pass rank=/world_size= to ringcomm.init() or launch with torchrun"
+        )
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def store_from_env(rank, world_size, timeout_s):
+    """The TCPStore torchrun's MASTER_ADDR / MASTER_PORT describe."""
+    addr = os.environ.get("MASTER_ADDR")
+    port = os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise ValueError(
+            "MASTER_ADDR and MASTER_PORT are not set: pass store= to ringcomm.init() or launch with torchrun"
+        )
+    try:
+        from torch.distributed import TCPStore
+    except ImportError:
+        raise RingcommError(
+            "ringcomm.init() without store= needs torch for its TCPStore (pip install torch); "
+            "or pass any object with set/get/wait/check as store="
+        ) from None
+    # torchrun's agent already serves the store at MASTER_PORT when it says so.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return TCPStore(
+        addr,
+        int(port),
+        world_size,
+        is_master=(rank == 0 and not agent_store),
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def wait_keys(store, keys, timeout_s, what, rank):
+    """Waits until every key exists; TimeoutError names the missing ones."""
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+        return
+    except Exception as e:  # the store raises its own error type on timeout
+        missing = [k for k in keys if not _has(store, k)]
+        if not missing:
+            raise RingcommError(f"ringcomm: {what}: the store failed: {e}") from e
+        names = ", ".join(k.rsplit("/", 1)[-1] for k in missing)
+        raise TimeoutError(
+            f"ringcomm: init on rank {rank} timed out after {timeout_s:.3g} s {what}; "
+            f"missing rank(s): {names} (did every rank call init / split?)"
+        ) from None
+
+
+def _has(store, key):
+    try:
+        return bool(store.check([key]))
+    except Exception:
+        return False
+
+
+def exchange(store, prefix, rank, world_size, info, timeout_s):
+    """Publishes this rank's info (a dict) and returns every rank's, by rank."""
+    store.set(f"{prefix}/info/{rank}", json.dumps(info))
+    keys = [f"{prefix}/info/{r}" for r in range(world_size)]
+    wait_keys(store, keys, timeout_s, "waiting for the other ranks to join", rank)
+    return [json.loads(bytes(store.get(k)).decode()) for k in keys]
+
+
+def barrier(store, prefix, name, rank, world_size, timeout_s):
+    store.set(f"{prefix}/{name}/{rank}", "1")
+    keys = [f"{prefix}/{name}/{r}" for r in range(world_size)]
+    wait_keys(store, keys, timeout_s, f"waiting for the other ranks ({name})", rank)

@@ -1,0 +1,104 @@
+"""Module-level API: init() / finalize() and one function per collective,
+using the communicator from init() unless `comm=` is given (torch.distributed
+style)."""
+import atexit
+
+from ringcomm import bootstrap
+from ringcomm.communicator import Communicator
+from ringcomm.config import make_config
+from ringcomm.errors import RingcommError
+from ringcomm.reduce_op import ReduceOp
+
+_default = None
+_generation = 0
+
+
+def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None):
+    """Creates a communicator over all ranks and makes it the default.
+
+    Every keyword is optional: rank and world_size come from RANK and
+    WORLD_SIZE, the store from MASTER_ADDR / MASTER_PORT (a TCPStore, exactly
+    as torchrun sets them up), timeout (seconds or timedelta) from
+    RINGCOMM_TIMEOUT (default 300 s). `store` may be any torch.distributed
+    Store. `algo` forces the all_reduce algorithm (auto, ring, oneshot).
+    """
+    global _default, _generation
+    config = make_config(timeout, algo)
+    rank = bootstrap.env_int("RANK") if rank is None else int(rank)
+    world_size = bootstrap.env_int("WORLD_SIZE") if world_size is None else int(world_size)
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
+    if store is None:
+        store = bootstrap.store_from_env(rank, world_size, config.timeout_s)
+    _generation += 1
+    comm = Communicator(store, f"ringcomm/{_generation}", rank, world_size, config)
+    _default = comm
+    return comm
+
+
+def get_default():
+    """The communicator from the last init() (RingcommError if none)."""
+    if _default is None or _default._native is None:
+        raise RingcommError("ringcomm: no communicator: call ringcomm.init() first (or pass comm=)")
+    return _default
+
+
+def finalize():
+    """Closes the default communicator."""
+    global _default
+    comm, _default = _default, None
+    if comm is not None:
+        comm.close()
+
+
+atexit.register(finalize)
+
+
+def _comm(comm):
+    return comm if comm is not None else get_default()
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, comm=None, async_op=False):
+    return _comm(comm).all_reduce(tensor, op, async_op)
+
+
+def reduce_scatter(output, input, op=ReduceOp.SUM, comm=None, async_op=False):
+    return _comm(comm).reduce_scatter(output, input, op, async_op)
+
+
+def all_gather(output, input, comm=None, async_op=False):
+    return _comm(comm).all_gather(output, input, async_op)
+
+
+def broadcast(tensor, src=0, comm=None, async_op=False):
+    return _comm(comm).broadcast(tensor, src, async_op)
+
+
+def reduce(tensor, dst=0, op=ReduceOp.SUM, comm=None, async_op=False):
+    return _comm(comm).reduce(tensor, dst, op, async_op)
+
+
+def scatter(output, input=None, src=0, comm=None, async_op=False):
+    return _comm(comm).scatter(output, input, src, async_op)
+
+
+def gather(output, input, dst=0, comm=None, async_op=False):
+    return _comm(comm).gather(output, input, dst, async_op)
+
+
+def all_to_all(output, input, comm=None, async_op=False):
+    return _comm(comm).all_to_all(output, input, async_op)
+
+
+def send(tensor, dst, comm=None, async_op=False):
+    return _comm(comm).send(tensor, dst, async_op)
+
+
+def recv(tensor, src, comm=None, async_op=False):
+    return _comm(comm).recv(tensor, src, async_op)
+
+
+def barrier(comm=None, async_op=False):
+    return _comm(comm).barrier(async_op)

@@ -1,0 +1,59 @@
+"""Work: the handle of an asynchronous operation."""
+from datetime import timedelta
+
+from ringcomm.errors import RingcommError, TimeoutError
+
+
+def seconds(timeout):
+    """Seconds from a number or a timedelta (None stays None)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+class Work:
+    """Returned by every call made with async_op=True.
+
+    Operations on one communicator run in the order they were issued. The
+    buffers passed to the call are kept alive until it completes.
+    """
+
+    __slots__ = ("_native", "_buffers")
+
+    def __init__(self, native, buffers):
+        self._native = native
+        self._buffers = buffers
+
+    def wait(self, timeout=None):
+        """Blocks until the operation completed; raises its error if it failed.
+
+        `timeout` (seconds or timedelta) bounds this wait only: on expiry a
+        ringcomm.TimeoutError is raised and the operation keeps running.
+        Returns True.
+        """
+        t = seconds(timeout)
+        if not self._native.wait(-1.0 if t is None else t):
+            raise TimeoutError(
+                f"ringcomm: wait for {self._native.what} did not complete within {t} s "
+                "(the operation is still running)"
+            )
+        return True
+
+    def is_completed(self):
+        """True once the operation finished, successfully or not."""
+        return self._native.is_completed()
+
+    def exception(self):
+        """The error the operation failed with, or None."""
+        if not self._native.is_completed():
+            return None
+        msg = self._native.error_message()
+        if not msg:
+            return None
+        return (TimeoutError if self._native.is_timeout() else RingcommError)(msg)
+
+    def __repr__(self):
+        state = "completed" if self.is_completed() else "pending"
+        return f"<ringcomm.Work {self._native.what} {state}>"
