@@ -324,6 +324,7 @@ void Communicator::plan(Call& c, const Reducer* reducer) {
       const size_t bytes = c.a.nbytes();
       bool oneshot = config_.algo == "oneshot" ||
                      (config_.algo == "auto" && bytes <= config_.oneshot_max_bytes);
+      c.tag.algo = oneshot ? 2 : 1;
       if (oneshot) {
         if (scratch_.size() < bytes * world_) scratch_.resize(bytes * world_);
         oneshot_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);

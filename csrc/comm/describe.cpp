@@ -33,6 +33,8 @@ std::string describe_tag(const MsgTag& t) {
     s += t.redop < kNumReduceOps ? reduce_op_name(static_cast<ReduceOp>(t.redop)) : "?";
   }
   if (t.root >= 0) s += ", root " + std::to_string(t.root);
+  if (t.algo == 1) s += ", ring";
+  if (t.algo == 2) s += ", oneshot";
   s += ")";
   return s;
 }

@@ -23,12 +23,12 @@ struct MsgTag {
   uint8_t kind = 0;    // OpKind of the call
   uint8_t dtype = 0;   // DataType
   uint8_t redop = 0;   // ReduceOp, or 0xff when the call does not reduce
-  uint8_t pad = 0;
+  uint8_t algo = 0;   // schedule family (ranks must run the same one)
   int32_t root = -1;   // root / dst / src of the call, -1 when none
   uint64_t seq = 0;
   uint64_t count = 0;  // element count that defines the call (same on all ranks)
   bool operator==(const MsgTag& o) const {
-    return kind == o.kind && dtype == o.dtype && redop == o.redop && root == o.root &&
+    return kind == o.kind && dtype == o.dtype && redop == o.redop && algo == o.algo && root == o.root &&
            seq == o.seq && count == o.count;
   }
 };

@@ -12,7 +12,7 @@ namespace ringcomm {
 // rounded once.
 using ReduceFn = void (*)(void* dst, const void* a, const void* b, size_t n);
 
-// buf[i] = buf[i] / divisor, for AVG. Floats divide in their compute type
+// buf[i] = buf[i] / divisor (divisor >= 1), for AVG. Floats divide in their compute type
 // (float32 for the half types) and round once; integers truncate toward zero.
 using DivideFn = void (*)(void* buf, size_t n, int divisor);
 
