@@ -81,8 +81,9 @@ bool reduce_op_supported(DataType t, ReduceOp op) {
       return true;
     case ReduceOp::kBand:
     case ReduceOp::kBor:
-    case ReduceOp::kBxor:
       return is_integer(t);
+    case ReduceOp::kBxor:  // bool takes max / min / band / bor only
+      return is_integer(t) && !is_bool;
   }
   return false;
 }

@@ -1,0 +1,40 @@
+"""Every primitive x dtype x reduce op x element count, against numpy references.
+
+Each test spawns one group of ranks that runs the whole matrix and returns the list of
+failed cases, so a world size costs one spawn.
+"""
+
+import pytest
+
+import checks
+import harness
+
+
+def _matrix(comm, kwargs):
+    return checks.collective_matrix(comm, **kwargs)
+
+
+def _run_matrix(world_size, env=None, hard_timeout=150, **kwargs):
+    results = harness.run_ranks(_matrix, world_size, (kwargs,), env=env,
+                                comm_timeout=20.0, hard_timeout=hard_timeout)
+    harness.assert_no_failures(results)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_all_primitives_all_dtypes(world_size):
+    """Default tuning: counts 0, 1, 7, 1000, 100003 (odd counts do not divide by 2, 3, 4)."""
+    _run_matrix(world_size)
+
+
+def test_tiny_chunks_force_multi_chunk_paths():
+    """256-byte slots, 4 in flight: even 1000 elements take many pipelined chunks."""
+    _run_matrix(3, env={"RINGCOMM_SLOT_BYTES": 256, "RINGCOMM_SLOTS": 4},
+                counts=(0, 1, 7, 1000, 10007, checks.BIG),
+                big_dtypes=("float32", "int8", "bfloat16"), tag="slots256 ")
+
+
+@pytest.mark.parametrize("algo,world_size", [("oneshot", 3), ("ring", 4)])
+def test_all_reduce_forced_algorithm(algo, world_size):
+    """RINGCOMM_ALGO forces one all_reduce algorithm for every size."""
+    _run_matrix(world_size, env={"RINGCOMM_ALGO": algo}, prims=("all_reduce",),
+                counts=(0, 1, 2, 3, 7, 1000, 65537, checks.BIG), tag=f"algo={algo} ")
