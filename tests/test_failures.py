@@ -201,3 +201,56 @@ def test_killed_job_leaves_nothing_in_dev_shm(tmp_path):
         except OSError:
             pass
     assert not leaked, f"killed job left these in {SHM}: {leaked}"
+
+
+def _mismatched_call(c, what, r):
+    """Rank 0 and rank 1 make calls that differ in `what`."""
+    if what == "count":
+        c.all_reduce(np.ones(10 + r, np.float32))
+    elif what == "op":
+        c.all_reduce(np.ones(10, np.float32), op="max" if r else "sum")
+    elif what == "dtype":
+        c.all_reduce(np.ones(10, np.float32 if r else np.float64))
+    elif what == "root":
+        c.broadcast(np.ones(10, np.float32), src=r)
+    elif r:
+        c.broadcast(np.ones(10, np.float32), src=0)
+    else:
+        c.all_reduce(np.ones(10, np.float32))
+
+
+def _mismatched_calls(comm):
+    """Ranks that call different collectives get a RingcommError describing both
+    calls (from the message headers), not a hang or a wrong answer."""
+    import ringcomm
+
+    fails = []
+    for what in ("count", "op", "dtype", "root", "kind"):
+        c = comm.split(ranks=[0, 1])  # a fresh communicator each time: a mismatch poisons it
+        msg = None
+        try:
+            _mismatched_call(c, what, comm.rank)
+            # Two roots of a broadcast at world size 2 only send: nobody
+            # receives, so the headers are checked by the next call instead.
+            if what != "root":
+                fails.append(f"{what}: mismatched calls did not raise")
+        except ringcomm.TimeoutError as e:
+            fails.append(f"{what}: TimeoutError instead of a mismatch error: {first_line(e)}")
+        except ringcomm.RingcommError as e:
+            msg = str(e)
+        try:
+            c.all_reduce(np.ones(4, np.float32))
+            fails.append(f"{what}: the communicator still accepts calls after the mismatch")
+        except ringcomm.TimeoutError as e:
+            fails.append(f"{what}: TimeoutError instead of a mismatch error: {first_line(e)}")
+        except ringcomm.RingcommError as e:
+            msg = msg or str(e)
+        if msg is not None and ("mismatch" not in msg or msg.count("(seq") < 2):
+            fails.append(f"{what}: message does not describe both calls: {msg!r}")
+        c.close()
+    return fails
+
+
+def test_mismatched_calls_are_reported():
+    results = harness.run_ranks(_mismatched_calls, 2, comm_timeout=10.0, hard_timeout=90)
+    harness.assert_no_failures(results)
