@@ -1,0 +1,344 @@
+"""The libraries the sweep compares, behind one small interface.
+
+A backend turns (primitive, buffers, redop, root) into a zero-argument callable that
+runs one call (``bind``), so the timed loop pays no dispatch or argument building.
+Backends are created in the same order on every rank (they rendezvous through the
+store), and they all run over the same page-aligned buffers.
+
+- ringcomm: ``ringcomm.init`` on a prefixed view of the job's store; the transport
+  and algorithm are chosen with RINGCOMM_TRANSPORT / RINGCOMM_ALGO, which the CLI
+  sets before ``init`` reads them.
+- gloo / nccl: torch.distributed process groups made with ``new_group``, separate
+  from the control group the harness itself uses (its own connections and keys).
+- mpi: mpi4py's COMM_WORLD (duplicated); only when the ranks were started by mpirun.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Optional
+
+from ringcomm.bench.buffers import Buffers, DType
+from ringcomm.bench.collectives import Collective
+
+Runner = Callable[[], None]
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot run in this job (not installed, not under mpirun, no GPU...)."""
+
+
+class Backend:
+    name = "?"
+    device = "cpu"
+    notes: Dict[str, str] = {}
+
+    def unsupported(self, coll: Collective, dtype: DType, redop: str) -> Optional[str]:
+        """Why this (primitive, dtype, redop) cannot run here, or None if it can."""
+        return None
+
+    def bind(self, coll: Collective, bufs: Buffers, redop: str, root: int) -> Runner:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait for device work (GPU backends); CPU calls complete before returning."""
+
+    def describe(self) -> Dict[str, str]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _prefix_store(store, prefix: str):
+    import torch.distributed as dist
+
+    return dist.PrefixStore(prefix, store)
+
+
+# --------------------------------------------------------------------------- ringcomm
+
+class RingcommBackend(Backend):
+    name = "ringcomm"
+
+    def __init__(self, rank: int, world_size: int, store, timeout_s: float,
+                 transport: Optional[str], algo: Optional[str]):
+        try:
+            import ringcomm
+        except ImportError as e:
+            raise BackendUnavailable(f"ringcomm does not import ({e})") from e
+        if not hasattr(ringcomm, "init"):
+            raise BackendUnavailable("ringcomm has no init() (the core is not built yet)")
+        built = tuple(ringcomm.build_info().get("transports", ())) \
+            if hasattr(ringcomm, "build_info") else ()
+        if transport and built and transport not in built:
+            raise BackendUnavailable(f"this ringcomm build has no {transport!r} transport "
+                                     f"(it has: {', '.join(built)})")
+        # init() reads these; set them only when asked, so the library's own
+        # defaults (and a user's environment) hold otherwise.
+        if transport:
+            os.environ["RINGCOMM_TRANSPORT"] = transport
+        if algo:
+            os.environ["RINGCOMM_ALGO"] = algo
+        self.rc = ringcomm
+        self.rank, self.world_size = rank, world_size
+        self.comm = ringcomm.init(rank=rank, world_size=world_size,
+                                  store=_prefix_store(store, "ringcomm/"), timeout=timeout_s)
+        self.transport = os.environ.get("RINGCOMM_TRANSPORT") or (
+            "auto of " + "/".join(built) if built else "auto")
+        self.algo = os.environ.get("RINGCOMM_ALGO", "auto")
+        self.notes = {"sendrecv": "ringcomm has no grouped send+recv: ranks alternate "
+                                  "(even ranks send first), so a ring step is sequential"}
+
+    def describe(self) -> Dict[str, str]:
+        return {"version": str(getattr(self.rc, "__version__", "?")),
+                "transport": self.transport, "algo": self.algo}
+
+    def unsupported(self, coll, dtype, redop):
+        if coll.name == "sendrecv" and self.world_size < 2:
+            return "sendrecv needs 2 ranks"
+        return None
+
+    def bind(self, coll, bufs, redop, root):
+        rc, comm = self.rc, self.comm
+        out = bufs.output.tensor
+        inp = bufs.input.tensor if bufs.input is not None else None
+        name = coll.name
+        if name == "all_reduce":
+            return lambda: rc.all_reduce(out, op=redop, comm=comm)
+        if name == "reduce_scatter":
+            return lambda: rc.reduce_scatter(out, inp, op=redop, comm=comm)
+        if name == "all_gather":
+            return lambda: rc.all_gather(out, inp, comm=comm)
+        if name == "broadcast":
+            return lambda: rc.broadcast(out, src=root, comm=comm)
+        if name == "reduce":
+            return lambda: rc.reduce(out, dst=root, op=redop, comm=comm)
+        if name == "scatter":
+            return lambda: rc.scatter(out, inp, src=root, comm=comm)
+        if name == "gather":
+            return lambda: rc.gather(out, inp, dst=root, comm=comm)
+        if name == "all_to_all":
+            return lambda: rc.all_to_all(out, inp, comm=comm)
+        if name == "sendrecv":
+            nxt, prv = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
+
+            def send_first():
+                rc.send(inp, nxt, comm=comm)
+                rc.recv(out, prv, comm=comm)
+
+            def recv_first():
+                rc.recv(out, prv, comm=comm)
+                rc.send(inp, nxt, comm=comm)
+
+            # Odd world sizes: the last (even) rank and rank 0 both send first; rank 0's
+            # successor receives first, so the chain still completes.
+            return send_first if self.rank % 2 == 0 else recv_first
+        raise ValueError(f"ringcomm backend: unknown primitive {name!r}")
+
+    def barrier(self):
+        self.rc.barrier(comm=self.comm)
+
+    def close(self):
+        self.comm.close()
+
+
+# --------------------------------------------------------------------------- torch
+
+class TorchBackend(Backend):
+    """torch.distributed gloo (CPU tensors) or nccl (CUDA tensors)."""
+
+    def __init__(self, name: str, rank: int, world_size: int, local_rank: int,
+                 timeout_s: float):
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        self.name = name
+        self.dist, self.torch = dist, torch
+        self.rank, self.world_size = rank, world_size
+        if name == "nccl":
+            if not torch.cuda.is_available():
+                raise BackendUnavailable("nccl needs CUDA GPUs; torch sees none")
+            if not dist.is_nccl_available():
+                raise BackendUnavailable("this torch build has no nccl")
+            ndev = torch.cuda.device_count()
+            self.device = f"cuda:{local_rank % ndev}"
+            torch.cuda.set_device(self.device)
+        self.group = dist.new_group(backend=name,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        R = dist.ReduceOp
+        self.ops = {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX, "avg": R.AVG}
+        # torch 2.13 renamed the tensor-in/tensor-out collectives (*_single) and warns
+        # on the old names; older torch only has the old ones.
+        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
+                                or dist.reduce_scatter_tensor)
+
+    def describe(self):
+        info = {"version": self.torch.__version__}
+        if self.name == "nccl":
+            info["nccl"] = ".".join(map(str, self.torch.cuda.nccl.version()))
+            info["device"] = self.torch.cuda.get_device_name(self.device)
+        return info
+
+    def unsupported(self, coll, dtype, redop):
+        if coll.name == "sendrecv" and self.world_size < 2:
+            return "sendrecv needs 2 ranks"
+        if self.name == "gloo" and redop == "avg" and coll.reduces and not dtype.floating:
+            return "avg on integers"
+        return None
+
+    def bind(self, coll, bufs, redop, root):
+        dist, g = self.dist, self.group
+        out = bufs.output.tensor
+        inp = bufs.input.tensor if bufs.input is not None else None
+        op = self.ops[redop]
+        n, rank = self.world_size, self.rank
+        name = coll.name
+        if name == "all_reduce":
+            return lambda: dist.all_reduce(out, op=op, group=g)
+        if name == "reduce_scatter":
+            fn = self._reduce_scatter
+            return lambda: fn(out, inp, op=op, group=g)
+        if name == "all_gather":
+            fn = self._all_gather
+            return lambda: fn(out, inp, group=g)
+        if name == "broadcast":
+            return lambda: dist.broadcast(out, src=root, group=g)
+        if name == "reduce":
+            return lambda: dist.reduce(out, dst=root, op=op, group=g)
+        if name == "scatter":
+            chunks = list(inp.chunk(n)) if rank == root else None
+            return lambda: dist.scatter(out, chunks, src=root, group=g)
+        if name == "gather":
+            chunks = list(out.chunk(n)) if rank == root else None
+            return lambda: dist.gather(inp, chunks, dst=root, group=g)
+        if name == "all_to_all":
+            return lambda: dist.all_to_all_single(out, inp, group=g)
+        if name == "sendrecv":
+            nxt, prv = (rank + 1) % n, (rank - 1) % n
+
+            def sendrecv():
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, inp, nxt, g),
+                                                 dist.P2POp(dist.irecv, out, prv, g)]):
+                    w.wait()
+            return sendrecv
+        raise ValueError(f"{self.name} backend: unknown primitive {name!r}")
+
+    def barrier(self):
+        if self.name == "nccl":
+            self.dist.barrier(group=self.group, device_ids=[self.torch.device(self.device).index])
+        else:
+            self.dist.barrier(group=self.group)
+        self.synchronize()
+
+    def synchronize(self):
+        if self.name == "nccl":
+            self.torch.cuda.synchronize(self.device)
+
+    def close(self):
+        self.dist.destroy_process_group(self.group)
+
+
+# --------------------------------------------------------------------------- MPI
+
+# MPI reductions need a numpy type MPI knows; data movement goes as bytes (any type).
+_MPI_REDUCE_TYPES = {"float32", "float64", "int8", "uint8", "int32", "int64"}
+
+
+class MpiBackend(Backend):
+    name = "mpi"
+
+    def __init__(self):
+        from ringcomm.bench import launch
+
+        if not launch.under_mpirun():
+            raise BackendUnavailable("the ranks were not started by mpirun; run e.g. "
+                                     "mpirun -np 2 ringcomm-bench --backends mpi,...")
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise BackendUnavailable(f"mpi4py is not installed ({e})") from e
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD.Dup()
+        self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
+        self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+                    "avg": MPI.SUM}
+        self.notes = {"avg": "MPI has no AVG: SUM, then a local numpy division (timed)"}
+
+    def describe(self):
+        import mpi4py
+
+        # Open MPI's string ends in a NUL and carries build details after a comma.
+        text = self.MPI.Get_library_version().replace("\0", "").strip()
+        first = text.splitlines()[0] if text else "unknown"
+        return {"version": mpi4py.__version__, "library": first.split(",")[0].strip()}
+
+    def unsupported(self, coll, dtype, redop):
+        if coll.reduces and dtype.name not in _MPI_REDUCE_TYPES:
+            return f"MPI has no {dtype.name} reductions"
+        if coll.reduces and redop == "avg" and not dtype.floating:
+            return "avg on integers"
+        return None
+
+    def bind(self, coll, bufs, redop, root):
+        rank, n = self.rank, self.world_size
+        if coll.reduces:
+            out = bufs.output.array
+            inp = bufs.input.array if bufs.input is not None else None
+        else:
+            out = bufs.output.bytes
+            inp = bufs.input.bytes if bufs.input is not None else None
+        run = self._bind(coll.name, inp, out, self.ops[redop], root)
+        if redop == "avg" and coll.reduces and (coll.name != "reduce" or rank == root):
+            import numpy as np
+
+            total = run
+
+            def averaged():
+                total()
+                np.divide(out, n, out=out)
+            return averaged
+        return run
+
+    def _bind(self, name, inp, out, op, root) -> Runner:
+        MPI, comm = self.MPI, self.comm
+        rank, n = self.rank, self.world_size
+        if name == "all_reduce":
+            return lambda: comm.Allreduce(MPI.IN_PLACE, out, op)
+        if name == "reduce_scatter":
+            return lambda: comm.Reduce_scatter_block(inp, out, op)
+        if name == "all_gather":
+            return lambda: comm.Allgather(inp, out)
+        if name == "broadcast":
+            return lambda: comm.Bcast(out, root)
+        if name == "reduce":
+            if rank == root:
+                return lambda: comm.Reduce(MPI.IN_PLACE, out, op, root)
+            return lambda: comm.Reduce(out, None, op, root)
+        if name == "scatter":
+            send = inp if rank == root else None
+            return lambda: comm.Scatter(send, out, root)
+        if name == "gather":
+            recv = out if rank == root else None
+            return lambda: comm.Gather(inp, recv, root)
+        if name == "all_to_all":
+            return lambda: comm.Alltoall(inp, out)
+        if name == "sendrecv":
+            nxt, prv = (rank + 1) % n, (rank - 1) % n
+            return lambda: comm.Sendrecv(inp, nxt, recvbuf=out, source=prv)
+        raise ValueError(f"mpi backend: unknown primitive {name!r}")
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def close(self):
+        self.comm.Free()
+
+
+BACKEND_NAMES = ("ringcomm", "gloo", "nccl", "mpi")

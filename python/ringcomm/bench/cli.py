@@ -1,0 +1,408 @@
+"""ringcomm-bench: nccl-tests style bandwidth sweeps, ringcomm side by side with its peers.
+
+    ringcomm-bench                                  # 2 local ranks, ringcomm vs gloo
+    ringcomm-bench -b 8 -e 256M -f 2 --ops all --backends ringcomm,gloo --json r.json --plot r.png
+    mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2 \\
+        ringcomm-bench --backends ringcomm,gloo,mpi
+    torchrun --nproc-per-node 4 -m ringcomm.bench.cli --ops all_reduce
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import sys
+import traceback
+from typing import Dict, List, Optional
+
+from ringcomm.bench import launch
+from ringcomm.bench.backends import (BACKEND_NAMES, Backend, BackendUnavailable, MpiBackend,
+                                     RingcommBackend, TorchBackend)
+from ringcomm.bench.buffers import Buffer, Buffers, resolve_dtype
+from ringcomm.bench.check import REDOPS
+from ringcomm.bench.collectives import COLLECTIVES, resolve_ops
+from ringcomm.bench.progress import Progress
+from ringcomm.bench.report import Cell, Row, Table, build_report, machine_facts, write_json
+from ringcomm.bench.sizes import format_size, parse_size, size_list
+from ringcomm.bench.timing import Control, MemcpyReference, TimingParams, measure
+
+COMMAND_ENV = "RINGCOMM_BENCH_COMMAND"
+
+# The default run: every primitive, 8 B .. 32 MiB in steps of 4x, 2 local ranks,
+# ringcomm against gloo. About a minute on a 2-core machine.
+DEFAULTS = dict(minbytes="8", maxbytes="32M", stepfactor=4, ops="all",
+                backends="ringcomm,gloo", nproc=2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ringcomm-bench",
+        description="Message-size sweeps of collectives in nccl-tests' format: size, count, "
+                    "type, redop, root, then time / algbw / busbw / #wrong per backend, and "
+                    "the memcpy bandwidth of the same size measured in the same run.",
+        epilog="Sizes take K, M, G suffixes (binary). Runs unchanged under torchrun and "
+               "mpirun; --nproc only applies when no launcher started the ranks.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("-b", "--minbytes", default=DEFAULTS["minbytes"], help="smallest size (default %(default)s)")
+    a("-e", "--maxbytes", default=DEFAULTS["maxbytes"], help="largest size (default %(default)s)")
+    a("-f", "--stepfactor", type=int, default=DEFAULTS["stepfactor"],
+      help="multiply the size by this (default %(default)s); 1: add --stepbytes instead")
+    a("-i", "--stepbytes", default="1M", help="size increment when -f is 1 (default %(default)s)")
+    a("-n", "--iters", type=int, default=20,
+      help="timed iterations per size, at most (default %(default)s; fewer for large "
+           "sizes, see --budget)")
+    a("-w", "--warmup", type=int, default=5,
+      help="warm-up calls per size, the checked call included (default %(default)s)")
+    a("-o", "--op", default="sum", choices=REDOPS, help="reduction (default %(default)s)")
+    a("-d", "--dtype", default="float",
+      help="data type: float, double, half, bfloat16, int8, uint8, int32, int64 "
+           "(numpy spellings accepted; default %(default)s)")
+    a("-r", "--root", type=int, default=0, help="root of rooted primitives (default 0)")
+    a("-c", "--check", type=int, default=1, choices=(0, 1),
+      help="check every size's result and count wrong elements (default 1)")
+    a("--ops", default=DEFAULTS["ops"],
+      help="'all' or a comma list of " + ", ".join(COLLECTIVES) + " (default %(default)s)")
+    a("--backends", default=DEFAULTS["backends"],
+      help="comma list of " + ", ".join(BACKEND_NAMES) + " (default %(default)s); "
+           "unavailable ones are skipped with a notice")
+    a("--nproc", type=int, default=DEFAULTS["nproc"],
+      help="local ranks to start when not under torchrun/mpirun (default %(default)s)")
+    a("--transport", default=None, help="ringcomm transport (sets RINGCOMM_TRANSPORT): shm, tcp")
+    a("--algo", default=None, help="ringcomm algorithm (sets RINGCOMM_ALGO): ring, oneshot")
+    a("--budget", type=float, default=0.4,
+      help="seconds of timed iterations per size and backend before -n is cut "
+           "(default %(default)s)")
+    a("--min-iters", type=int, default=5,
+      help="timed iterations per size at least, whatever the budget (default %(default)s)")
+    a("--batch-ms", type=float, default=5.0,
+      help="each timed iteration runs back-to-back calls for at least this long, so the "
+           "barrier's exit skew spreads over many small calls, as in nccl-tests (default "
+           "%(default)s); 0: one call per iteration (isolated-call latency)")
+    a("--timeout", type=float, default=300.0,
+      help="seconds any rendezvous or call may block before failing (default %(default)s)")
+    a("--no-memcpy", action="store_true", help="skip the memcpy reference")
+    a("--json", metavar="FILE", help="write every figure and the machine facts to FILE")
+    a("--plot", metavar="FILE.png", help="draw busbw and latency against size to FILE.png")
+    a("--progress", choices=("auto", "on", "off"), default="auto",
+      help="progress bar on stderr (auto: only when stderr is a terminal)")
+    return p
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.minbytes = parse_size(args.minbytes)
+        args.maxbytes = parse_size(args.maxbytes)
+        args.stepbytes = parse_size(args.stepbytes)
+        args.sizes = size_list(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
+        args.ops = resolve_ops(args.ops)
+        args.dtype = resolve_dtype(args.dtype)
+        args.backends = _resolve_backends(args.backends)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.op == "avg" and not args.dtype.floating:
+        parser.error(f"-o avg needs a floating-point type, not {args.dtype.name}")
+    if args.iters < 1 or args.min_iters < 1 or args.warmup < 0:
+        parser.error("-n and --min-iters must be >= 1, -w >= 0")
+    if args.nproc < 1:
+        parser.error("--nproc must be >= 1")
+    return args
+
+
+def _resolve_backends(spec: str) -> List[str]:
+    names = []
+    for raw in spec.split(","):
+        name = raw.strip().lower()
+        if not name:
+            continue
+        if name not in BACKEND_NAMES:
+            raise ValueError(f"unknown backend {raw!r}; expected some of {', '.join(BACKEND_NAMES)}")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ValueError("no backend given")
+    return names
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if not launch.launched_externally() and args.nproc > 1:
+        os.environ.setdefault(COMMAND_ENV, shlex.join([*_invocation(), *argv]))
+        return launch.spawn(args.nproc, argv)
+    if os.environ.get(launch.SPAWNED_ENV):
+        launch.die_with_parent()
+    return Sweep(args, argv).run()
+
+
+class Sweep:
+    """One rank's part of the sweep (every rank runs this; rank 0 reports)."""
+
+    def __init__(self, args: argparse.Namespace, argv: List[str]):
+        self.args, self.argv = args, argv
+        self.out = sys.stdout
+
+    def say(self, text: str) -> None:
+        if self.info.rank == 0:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def warn(self, text: str) -> None:
+        if self.info.rank == 0:
+            print(f"ringcomm-bench: {text}", file=sys.stderr, flush=True)
+
+    def run(self) -> int:
+        import torch
+        import torch.distributed as dist
+
+        args = self.args
+        self.info = info = launch.detect()
+        if args.root >= info.world_size or args.root < 0:
+            self.warn(f"-r {args.root} is not a rank of a world of {info.world_size}")
+            return 2
+        if args.nproc != DEFAULTS["nproc"] and info.launcher not in ("spawn", "single") \
+                and args.nproc != info.world_size:
+            self.warn(f"--nproc {args.nproc} ignored: {info.launcher} started "
+                      f"{info.world_size} ranks")
+        for notice in info.notices:
+            self.warn(notice)
+        # One thread per rank for torch's own kernels, so ranks do not fight over cores
+        # (gloo reduces in the calling thread either way).
+        torch.set_num_threads(1)
+        store = launch.make_store(info, args.timeout)
+        dist.init_process_group("gloo", store=dist.PrefixStore("control/", store),
+                                rank=info.rank, world_size=info.world_size,
+                                timeout=datetime.timedelta(seconds=args.timeout))
+        self.control = Control(info.rank, info.world_size)
+        try:
+            backends, skipped = self.create_backends(store)
+            try:
+                return self.sweep(backends, skipped)
+            finally:
+                for b in backends:
+                    b.close()
+        finally:
+            dist.destroy_process_group()
+
+    def create_backends(self, store):
+        """Every rank creates the same backends in the same order; one that fails
+        anywhere is skipped everywhere, with the reason."""
+        args, info = self.args, self.info
+        backends: List[Backend] = []
+        skipped: Dict[str, str] = {}
+        for name in args.backends:
+            backend, reason = None, None
+            try:
+                if name == "ringcomm":
+                    backend = RingcommBackend(info.rank, info.world_size, store, args.timeout,
+                                              args.transport, args.algo)
+                elif name == "mpi":
+                    backend = MpiBackend()
+                else:
+                    backend = TorchBackend(name, info.rank, info.world_size, info.local_rank,
+                                           args.timeout)
+            except BackendUnavailable as e:
+                reason = str(e)
+            except Exception as e:
+                reason = f"{type(e).__name__}: {e}".splitlines()[0]
+                print(f"rank {info.rank}: {name} failed to start:\n{traceback.format_exc()}",
+                      file=sys.stderr, flush=True)
+            reasons = [r for r in self.control.gather_objects(reason) if r]
+            if reasons:
+                if backend is not None:
+                    backend.close()
+                skipped[name] = reasons[0]
+                self.warn(f"skipping {name}: {reasons[0]}")
+            else:
+                backends.append(backend)
+        return backends, skipped
+
+    def sweep(self, backends: List[Backend], skipped: Dict[str, str]) -> int:
+        args, info, control = self.args, self.info, self.control
+        n, rank = info.world_size, info.rank
+        names = [b.name for b in backends]
+        mpi = next((b for b in backends if isinstance(b, MpiBackend)), None)
+        hosts = control.gather_objects(machine_facts(
+            mpi.describe()["library"] if mpi is not None else None))
+        unique_hosts = list(dict.fromkeys(h["hostname"] for h in hosts))
+        params = TimingParams(iters=args.iters, warmup=args.warmup, min_iters=args.min_iters,
+                              budget_s=args.budget, batch_s=args.batch_ms / 1e3,
+                              check=bool(args.check))
+        memcpy = None if args.no_memcpy else MemcpyReference(control, _max_buffer(args, n))
+        descriptions = {b.name: b.describe() for b in backends}
+        self.preamble(hosts, unique_hosts, descriptions, skipped)
+        if not backends:
+            self.warn("no backend could run; nothing to measure")
+            return 1
+
+        steps = len(args.ops) * len(args.sizes) * (len(backends) + (memcpy is not None))
+        progress = Progress(steps, {"auto": None, "on": True, "off": False}[args.progress]
+                            ) if rank == 0 else Progress(steps, False)
+        rows: List[Row] = []
+        failed = False
+        for op in args.ops:
+            coll = COLLECTIVES[op]
+            redop = args.op if coll.reduces else "none"
+            root = args.root if coll.rooted else -1
+            table = Table(self.out, op, names, memcpy is not None)
+            if rank == 0:
+                table.header({b.name: b.notes[key] for b in backends
+                              for key in (op, redop) if key in b.notes})
+            dead: Dict[str, str] = {}
+            seen = set()
+            for k, size in enumerate(args.sizes):
+                layout = coll.layout(size, args.dtype.itemsize, n)
+                if layout is None or layout.size in seen:
+                    progress.done += len(backends) + (memcpy is not None)
+                    continue
+                seen.add(layout.size)
+                row = Row(op, layout.size, layout.count, args.dtype.label, redop, root,
+                          coll.factor(n))
+                buffers: Dict[str, Buffers] = {}
+                # Take turns, and rotate who goes first, so drift hits every backend alike.
+                order: list = list(backends) + ([memcpy] if memcpy is not None else [])
+                order = order[k % len(order):] + order[:k % len(order)]
+                for b in order:
+                    label = f"{op} {format_size(layout.size)} {b.name}"
+                    if b is memcpy:
+                        row.memcpy = memcpy.measure(layout.size, params)
+                        progress.step(label)
+                        continue
+                    reason = dead.get(b.name) or b.unsupported(coll, args.dtype, args.op)
+                    if reason:
+                        row.cells[b.name] = Cell(skipped=reason)
+                        progress.step(label)
+                        continue
+                    if b.device not in buffers:
+                        buffers[b.device] = _allocate(layout, args.dtype, b.device)
+                    bufs = buffers[b.device]
+                    m = measure(control, b,
+                                lambda b=b, bufs=bufs: b.bind(coll, bufs, args.op, args.root),
+                                coll, layout, bufs, args.op, args.root, args.dtype, params,
+                                on_error=lambda text: print(text, file=sys.stderr, flush=True))
+                    if m.error:
+                        dead[b.name] = f"failed earlier: {m.error}"
+                        failed = True
+                    row.cells[b.name] = Cell(measurement=m)
+                    progress.step(label)
+                del buffers
+                rows.append(row)
+                if rank == 0:
+                    progress.clear()
+                    table.row(row)
+            if rank == 0:
+                progress.clear()
+                table.footer()
+        wrong = sum(c.measurement.wrong for r in rows for c in r.cells.values()
+                    if c.measurement is not None and c.measurement.wrong > 0)
+        if rank == 0:
+            self.write_outputs(rows, hosts, descriptions, skipped)
+        return 1 if wrong or failed else 0
+
+    def preamble(self, hosts, unique_hosts, descriptions, skipped) -> None:
+        args, info = self.args, self.info
+        h = hosts[0]
+        per_host = info.world_size // max(len(unique_hosts), 1)
+        backend_text = []
+        for name, d in descriptions.items():
+            extra = ", ".join(f"{k} {v}" for k, v in d.items() if k != "version")
+            backend_text.append(f"{name} {d.get('version', '')}" + (f" ({extra})" if extra else ""))
+        self.say(f"# ringcomm-bench: nccl-tests columns and busbw factors "
+                 f"(github.com/NVIDIA/nccl-tests doc/PERFORMANCE.md)")
+        self.say(f"#  world size {info.world_size}: {per_host} rank(s) on each of "
+                 f"{len(unique_hosts)} host(s), launched by {info.launcher}")
+        self.say(f"#  host {h['hostname']}: {h['cpu_model']}, {h['cpu_cores']} cores; "
+                 f"python {h['python']}, numpy {h['numpy']}, torch {h['torch']}")
+        self.say(f"#  backends: {'; '.join(backend_text) or 'none'}")
+        for name, why in skipped.items():
+            self.say(f"#  skipped: {name} ({why})")
+        if not args.no_memcpy:
+            self.say("#  memcpy: np.copyto between page-aligned buffers, 1 thread, on rank 0 "
+                     "(the others idle), same sizes, same run")
+        self.say(f"#  sizes {format_size(args.sizes[0])} .. {format_size(args.sizes[-1])}, "
+                 + (f"x{args.stepfactor}" if args.stepfactor > 1 else f"+{args.stepbytes} B")
+                 + f"; type {args.dtype.label}; redop {args.op}; root {args.root}; "
+                 f"check {'on' if args.check else 'off'}")
+        self.say(f"#  iterations: warm-up up to {args.warmup}, timed {args.min_iters}..{args.iters}"
+                 f" (fewer when a size would take over {args.budget:g} s)")
+        self.say("#  time = median over iterations of the slowest rank's time per call. An "
+                 "iteration is a barrier of the")
+        if args.batch_ms > 0:
+            self.say(f"#         measured backend, then back-to-back calls for >= "
+                     f"{args.batch_ms:g} ms (1 call for large sizes; --batch-ms 0: always 1).")
+        else:
+            self.say("#         measured backend, then one call (--batch-ms 0).")
+        self.say("#         Backends take turns size by size.")
+
+    def write_outputs(self, rows, hosts, descriptions, skipped) -> None:
+        args, info = self.args, self.info
+        if not (args.json or args.plot):
+            return
+        command = os.environ.get(COMMAND_ENV) or shlex.join([*_invocation(), *self.argv])
+        if info.launcher == "mpirun":  # mpirun's own options are not visible to us
+            command = f"mpirun -np {info.world_size} " + command
+        elif info.launcher == "torchrun":
+            command = f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', '?')} " \
+                      f"--nnodes {os.environ.get('GROUP_WORLD_SIZE', '?')} " + command
+        config = {
+            "world_size": info.world_size, "launcher": info.launcher,
+            "hosts": len({h["hostname"] for h in hosts}),
+            "ops": args.ops, "backends": args.backends,
+            "dtype": args.dtype.name, "redop": args.op, "root": args.root,
+            "minbytes": args.minbytes, "maxbytes": args.maxbytes,
+            "stepfactor": args.stepfactor, "stepbytes": args.stepbytes,
+            "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
+            "budget_s": args.budget, "check": bool(args.check),
+            "transport": args.transport, "algo": args.algo,
+            "batch_ms": args.batch_ms,
+            "timing": ("time_us = median over iterations of the slowest rank's time per call; "
+                       "an iteration = a barrier of the measured backend, then 'batch' "
+                       "back-to-back calls lasting >= batch_ms; backends alternate size by "
+                       "size; samples_us = per-iteration time per call (slowest rank)"),
+            "memcpy": None if args.no_memcpy else
+            "np.copyto, page-aligned buffers, 1 thread, rank 0; gbps = size / time",
+        }
+        report = build_report(command=shlex.split(command), config=config, hosts=hosts,
+                              backends=descriptions, skipped=skipped, rows=rows, ops=args.ops)
+        if args.json:
+            write_json(args.json, report)
+            self.warn(f"wrote {args.json}")
+        if args.plot:
+            from ringcomm.bench.plot import plot_report
+
+            plot_report(report, args.plot)
+            self.warn(f"wrote {args.plot}")
+
+
+def _invocation() -> List[str]:
+    """How this program was started, for the record: ringcomm-bench, python -m, or a script."""
+    prog = sys.argv[0] if sys.argv and sys.argv[0] else "ringcomm-bench"
+    if os.path.basename(prog) == "ringcomm-bench":
+        return ["ringcomm-bench"]
+    if prog.endswith(os.path.join("ringcomm", "bench", "cli.py")):
+        return ["python", "-m", "ringcomm.bench.cli"]
+    return ["python", prog]
+
+
+def _allocate(layout, dtype, device: str) -> Buffers:
+    inp = Buffer(layout.in_count, dtype, device) if layout.in_count else None
+    return Buffers(input=inp, output=Buffer(layout.out_count, dtype, device))
+
+
+def _max_buffer(args, n: int) -> int:
+    """Largest size column of the sweep (the memcpy reference copies that many bytes)."""
+    biggest = 0
+    for op in args.ops:
+        for size in args.sizes:
+            layout = COLLECTIVES[op].layout(size, args.dtype.itemsize, n)
+            if layout is not None:
+                biggest = max(biggest, layout.size)
+    return max(biggest, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,399 @@
+"""Tests of the bandwidth sweep (ringcomm.bench): factors, sizes, checks, JSON, plot,
+and tiny end-to-end sweeps over 2 spawned ranks (and under mpirun when it is there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ringcomm.bench import check
+from ringcomm.bench.buffers import Buffer, Buffers, resolve_dtype
+from ringcomm.bench.cli import parse_args
+from ringcomm.bench.collectives import COLLECTIVES, busbw_factor, resolve_ops
+from ringcomm.bench.report import (Cell, Row, Table, build_report, machine_facts,
+                                   validate_report)
+from ringcomm.bench.sizes import parse_size, size_list
+from ringcomm.bench.timing import Measurement, TimingParams, _schedule, measure
+
+SWEEP_TIMEOUT_S = 240
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- factors
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_busbw_factors_follow_nccl_tests(n):
+    share = (n - 1) / n
+    expected = {"all_reduce": 2 * share, "reduce_scatter": share, "all_gather": share,
+                "all_to_all": share, "broadcast": 1.0, "reduce": 1.0, "sendrecv": 1.0,
+                # nccl-tests src/scatter.cu and src/gather.cu: (n-1)/n of the total size
+                "scatter": share, "gather": share}
+    assert set(expected) == set(COLLECTIVES)
+    for op, factor in expected.items():
+        assert busbw_factor(op, n) == pytest.approx(factor), op
+
+
+def test_busbw_of_eight_rank_all_reduce():
+    # 1 GB in 10 ms on 8 ranks: algbw 100 GB/s, busbw 175 GB/s.
+    assert COLLECTIVES["all_reduce"].busbw(100.0, 8) == pytest.approx(175.0)
+
+
+def test_layouts_use_per_rank_share_and_total_size():
+    f32 = 4
+    ag = COLLECTIVES["all_gather"].layout(1024, f32, 4)
+    assert (ag.count, ag.in_count, ag.out_count, ag.size) == (64, 64, 256, 1024)
+    rs = COLLECTIVES["reduce_scatter"].layout(1024, f32, 4)
+    assert (rs.count, rs.in_count, rs.out_count, rs.size) == (64, 256, 64, 1024)
+    ar = COLLECTIVES["all_reduce"].layout(1024, f32, 4)
+    assert (ar.count, ar.in_count, ar.out_count, ar.size) == (256, 0, 256, 1024)
+    a2a = COLLECTIVES["all_to_all"].layout(1000, f32, 4)  # 250 elements -> 62 per rank
+    assert (a2a.count, a2a.in_count, a2a.out_count, a2a.size) == (62, 248, 248, 992)
+    assert COLLECTIVES["gather"].layout(8, f32, 4) is None  # 2 elements for 4 ranks
+
+
+def test_resolve_ops_accepts_nccl_tests_names():
+    assert resolve_ops("all") == list(COLLECTIVES)
+    assert resolve_ops("allreduce, alltoall,all_gather") == ["all_reduce", "all_to_all",
+                                                             "all_gather"]
+    with pytest.raises(ValueError, match="unknown op"):
+        resolve_ops("allreduce,bogus")
+
+
+# --------------------------------------------------------------------------- sizes
+
+@pytest.mark.parametrize("text,nbytes", [
+    ("8", 8), ("1K", 1024), ("64k", 65536), ("256M", 256 << 20), ("1G", 1 << 30),
+    ("0.5M", 512 << 10), ("128MB", 128 << 20), ("4 K", 4096)])
+def test_parse_size_suffixes(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1T", "-8", "K"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_size_list_like_nccl_tests():
+    assert size_list(8, 64, 2) == [8, 16, 32, 64]
+    assert size_list(8, 100, 2) == [8, 16, 32, 64]
+    assert size_list(parse_size("1K"), parse_size("1M"), 4) == [1 << k for k in range(10, 21, 2)]
+    assert size_list(parse_size("1K"), parse_size("4K"), 1, parse_size("1K")) == [
+        1024, 2048, 3072, 4096]
+    assert size_list(parse_size("8"), parse_size("256M"), 2)[-1] == 256 << 20
+    assert len(size_list(8, 256 << 20, 2)) == 26
+    with pytest.raises(ValueError):
+        size_list(64, 8, 2)
+    with pytest.raises(ValueError):
+        size_list(0, 8, 2)
+
+
+def test_cli_flags_parse_like_nccl_tests():
+    args = parse_args(["-b", "1K", "-e", "1M", "-f", "4", "-n", "7", "-w", "2", "-o", "max",
+                       "-d", "half", "-r", "1", "-c", "0", "--ops", "allreduce,bcast",
+                       "--backends", "gloo,mpi"])
+    assert args.sizes == [1024, 4096, 16384, 65536, 262144, 1048576]
+    assert (args.iters, args.warmup, args.op, args.root, args.check) == (7, 2, "max", 1, 0)
+    assert args.dtype.name == "float16" and args.dtype.label == "half"
+    assert args.ops == ["all_reduce", "broadcast"] and args.backends == ["gloo", "mpi"]
+
+
+@pytest.mark.parametrize("argv", [["-b", "1X"], ["-b", "1M", "-e", "1K"], ["--ops", "nope"],
+                                  ["--backends", "nope"], ["-o", "avg", "-d", "int32"],
+                                  ["-d", "complex"]])
+def test_cli_rejects_bad_flags(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- checks
+
+def _simulate(op, inputs, outputs, n, redop, root):
+    """The collective by its definition, straight from every rank's buffers."""
+    def red(arrays):
+        stack = np.stack(arrays).astype(np.float64)
+        fn = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}.get(redop)
+        return stack.sum(0) / n if redop == "avg" else fn(stack, axis=0)
+
+    if op in ("all_reduce", "reduce"):
+        total = red(outputs)
+        return [total if (op == "all_reduce" or r == root) else None for r in range(n)]
+    if op == "broadcast":
+        return [outputs[root] for _ in range(n)]
+    if op == "reduce_scatter":
+        return list(np.split(red(inputs), n))
+    if op == "all_gather":
+        return [np.concatenate(inputs) for _ in range(n)]
+    if op == "gather":
+        return [np.concatenate(inputs) if r == root else None for r in range(n)]
+    if op == "scatter":
+        return list(np.split(inputs[root], n))
+    if op == "all_to_all":
+        blocks = [np.split(x, n) for x in inputs]
+        return [np.concatenate([blocks[s][r] for s in range(n)]) for r in range(n)]
+    if op == "sendrecv":
+        return [inputs[(r - 1) % n] for r in range(n)]
+    raise AssertionError(op)
+
+
+@pytest.mark.parametrize("op,redop", [
+    (op, redop) for op, c in COLLECTIVES.items()
+    for redop in (check.REDOPS if c.reduces else ["sum"])])
+def test_expected_results_match_the_definition(op, redop):
+    n, root, dtype = 3, 1, np.float32
+    coll = COLLECTIVES[op]
+    layout = coll.layout(3 * 4 * 700, 4, n)  # 700 elements per rank: crosses the period
+    plans = [check.plan(coll, layout, r, n, redop, root, dtype) for r in range(n)]
+    outputs = [p.output for p in plans]
+    inputs = [p.input for p in plans]
+    truth = _simulate(op, inputs, outputs, n, redop, root)
+    untouched = 0
+    for r, p in enumerate(plans):
+        if p.expected is None:
+            assert truth[r] is None
+            continue
+        assert check.count_wrong(p.expected, truth[r].astype(dtype),
+                                 check.tolerance(redop, "float32")) == 0, (op, redop, r)
+        untouched += check.count_wrong(p.output, p.expected)
+    assert untouched > 0, "a call that does nothing would pass the check"
+
+
+def test_wrong_elements_are_counted():
+    coll = COLLECTIVES["all_reduce"]
+    layout = coll.layout(4096, 4, 2)
+    expected = check.plan(coll, layout, 0, 2, "sum", 0, np.float32).expected
+    got = expected.copy()
+    assert check.count_wrong(got, expected) == 0
+    got[[0, 17, 1000]] += 1
+    assert check.count_wrong(got, expected) == 3
+    got[5] = np.nan
+    assert check.count_wrong(got, expected) == 4
+    with pytest.raises(ValueError, match="elements"):
+        check.count_wrong(got[:-1], expected)
+
+
+def test_misplaced_blocks_are_counted():
+    coll = COLLECTIVES["all_gather"]
+    n = 4
+    layout = coll.layout(4 * 4 * 1024, 4, n)  # power-of-two blocks
+    expected = check.plan(coll, layout, 0, n, "sum", 0, np.float32).expected
+    blocks = np.split(expected, n)
+    swapped = np.concatenate([blocks[1], blocks[0], *blocks[2:]])
+    assert check.count_wrong(swapped, expected) > layout.count  # most of 2 blocks
+
+
+def test_avg_is_compared_with_a_tolerance():
+    exp = np.array([7 / 3, 2.5], dtype=np.float32)
+    got = exp * (1 + 1e-7)
+    assert check.count_wrong(got, exp, check.tolerance("avg", "float32")) == 0
+    assert check.count_wrong(got * 1.01, exp, check.tolerance("avg", "float32")) == 2
+    assert check.tolerance("sum", "float16") == 0.0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8", "uint8", "int64", "float64"])
+@pytest.mark.parametrize("redop", ["sum", "prod", "max"])
+def test_reductions_are_exact_in_every_type(dtype, redop):
+    d = resolve_dtype(dtype)
+    n = 6  # prod of values 1..2 stays <= 64, sums <= 24: exact even in int8 and bfloat16
+    coll = COLLECTIVES["all_reduce"]
+    layout = coll.layout(d.itemsize * 2000, d.itemsize, n)
+    expected = check.plan(coll, layout, 0, n, redop, 0, np.dtype(d.check)).expected
+    buf = Buffer(layout.out_count, d)
+    buf.fill(expected)
+    assert check.count_wrong(buf.read(), expected) == 0
+
+
+def test_buffers_are_page_aligned_and_share_memory():
+    buf = Buffer(1000, resolve_dtype("float32"))
+    assert buf.bytes.ctypes.data % 4096 == 0
+    assert buf.tensor.data_ptr() == buf.array.ctypes.data == buf.bytes.ctypes.data
+    buf.fill(np.arange(1000, dtype=np.float32))
+    assert float(buf.tensor[999]) == 999.0
+
+
+class _FakeControl:
+    rank, world_size = 0, 1
+
+    def barrier(self):
+        pass
+
+    def gather_all(self, values):
+        return np.asarray(values, dtype=np.float64).reshape(1, -1)
+
+    def gather_objects(self, obj):
+        return [obj]
+
+
+class _BrokenBackend:
+    """Writes the right answer except for a few elements."""
+
+    name = "broken"
+
+    def __init__(self, coll, layout, bad):
+        self.coll, self.layout, self.bad = coll, layout, bad
+
+    def bind(self, coll, bufs, redop, root):
+        exp = check.plan(coll, self.layout, 0, 1, redop, root, np.float32).expected.copy()
+        exp[:self.bad] += 1
+
+        def run():
+            np.copyto(bufs.output.array, exp)
+        return run
+
+    def barrier(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def test_measure_reports_a_deliberately_wrong_result(capsys):
+    coll = COLLECTIVES["all_gather"]
+    layout = coll.layout(4096, 4, 1)
+    dtype = resolve_dtype("float32")
+    bufs = Buffers(Buffer(layout.in_count, dtype), Buffer(layout.out_count, dtype))
+    backend = _BrokenBackend(coll, layout, bad=7)
+    m = measure(_FakeControl(), backend, lambda: backend.bind(coll, bufs, "sum", -1), coll,
+                layout, bufs, "sum", -1, dtype, TimingParams(iters=3, min_iters=1, budget_s=0.01),
+                on_error=print)
+    assert m.error is None and m.wrong == 7 and len(m.samples_s) >= 1
+    row = Row("all_gather", layout.size, layout.count, "float", "none", -1, 0.0,
+              cells={"broken": Cell(measurement=m)})
+    table = Table(sys.stdout, "all_gather", ["broken"], memcpy=False)
+    table.header({})
+    table.row(row)
+    table.footer()
+    out = capsys.readouterr().out
+    assert "Out of bounds values : 7 FAILED" in out
+    row_line = next(line for line in out.splitlines() if line.startswith(" "))
+    assert row_line.split()[-1] == "7"  # the #wrong column
+
+
+def test_schedule_batches_small_calls_and_cuts_large_ones():
+    p = TimingParams(iters=20, min_iters=5, budget_s=0.4, batch_s=0.005)
+    assert _schedule(2e-6, p) == (2500, 20)     # tiny calls: batched, every sample
+    assert _schedule(0.05, p) == (1, 8)         # 50 ms: budget cuts the samples
+    assert _schedule(2.0, p) == (1, 5)          # never fewer than min_iters
+
+
+# --------------------------------------------------------------------------- report, plot
+
+def _fake_report():
+    rows = []
+    for op in ("all_reduce", "all_gather"):
+        for k, size in enumerate([1024, 65536, 1 << 20]):
+            m = Measurement(samples_s=[1e-5 * (k + 1), 1.2e-5 * (k + 1)], batch=10, warmup=2,
+                            wrong=0)
+            rows.append(Row(op, size, size // 4, "float", "sum", -1, 1.0,
+                            cells={"ringcomm": Cell(measurement=m), "gloo": Cell(measurement=m),
+                                   "mpi": Cell(skipped="not under mpirun")},
+                            memcpy=Measurement(samples_s=[1e-6], batch=100)))
+    config = dict(world_size=2, launcher="spawn", ops=["all_reduce", "all_gather"],
+                  backends=["ringcomm", "gloo", "mpi"], dtype="float32", redop="sum", root=0,
+                  minbytes=1024, maxbytes=1 << 20, stepfactor=64, iters=20, warmup=5,
+                  check=True, timing="median")
+    return build_report(command=["ringcomm-bench"], config=config,
+                        hosts=[machine_facts()], backends={"ringcomm": {}, "gloo": {}},
+                        skipped={"mpi": "not under mpirun"}, rows=rows,
+                        ops=["all_reduce", "all_gather"])
+
+
+def test_report_schema_of_a_built_report():
+    report = _fake_report()
+    assert validate_report(report) == []
+    json.dumps(report, allow_nan=False)
+    assert report["machine"]["cpu_cores"] >= 1
+    del report["results"][0]["backends"]["gloo"]["busbw_gbps"]
+    assert validate_report(report) == ["results[0].backends.gloo: missing 'busbw_gbps'"]
+
+
+def test_plot_file_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ringcomm.bench.plot import plot_report
+
+    path = tmp_path / "sweep.png"
+    plot_report(_fake_report(), str(path))
+    assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+# --------------------------------------------------------------------------- end to end
+
+def _run(cmd, tmp_path, timeout=SWEEP_TIMEOUT_S):
+    env = dict(os.environ)
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=tmp_path)
+
+
+def _check_sweep(proc, json_path, ops, backends):
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(json_path.read_text())
+    assert validate_report(report) == []
+    assert report["wrong_total"] == 0
+    assert report["config"]["world_size"] == 2
+    assert [op for op in report["summary"]] == ops
+    for op in ops:
+        rows = [r for r in report["results"] if r["op"] == op]
+        assert rows, op
+        for r in rows:
+            for b in backends:
+                cell = r["backends"][b]
+                assert cell["wrong"] == 0 and cell["time_us"] > 0, (op, b, cell)
+            assert r["memcpy"]["gbps"] > 0
+    for op in ops:
+        assert f"# {op}" in proc.stdout
+    assert proc.stdout.count("Avg bus bandwidth") == len(ops) * len(backends)
+    assert "\r" not in proc.stderr  # no progress bar when stderr is not a terminal
+    return report
+
+
+@pytest.mark.slow
+def test_tiny_sweep_over_two_ranks(tmp_path):
+    """All primitives, 2 spawned ranks, ringcomm and gloo; mpi asked for but skipped."""
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    proc = _run([sys.executable, "-m", "ringcomm.bench.cli", "--nproc", "2",
+                 "-b", "8", "-e", "64K", "-f", "32", "--ops", "all", "-n", "3", "-w", "2",
+                 "--budget", "0.02", "--batch-ms", "0.5", "--timeout", "60",
+                 "--backends", "ringcomm,gloo,mpi", "--json", str(out_json),
+                 "--plot", str(out_png)], tmp_path)
+    report = _check_sweep(proc, out_json, list(COLLECTIVES), ["ringcomm", "gloo"])
+    assert "skipping mpi" in proc.stderr and "mpi" in report["skipped_backends"]
+    assert report["machine"]["ringcomm"] and report["machine"]["torch"]
+    assert report["command"][:3] == ["python", "-m", "ringcomm.bench.cli"]
+    assert "--nproc" in report["command"]
+    assert out_png.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.slow
+def test_entry_script_runs_the_same_sweep(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sweep.py")
+    out_json = tmp_path / "r.json"
+    proc = _run([sys.executable, script, "-b", "1K", "-e", "1K", "--ops", "allreduce",
+                 "-d", "bfloat16", "-o", "max", "-n", "2", "--budget", "0.01",
+                 "--batch-ms", "0.2", "--timeout", "60", "--json", str(out_json)], tmp_path)
+    report = _check_sweep(proc, out_json, ["all_reduce"], ["ringcomm", "gloo"])
+    assert report["results"][0]["type"] == "bfloat16" and report["results"][0]["count"] == 512
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
+def test_tiny_sweep_under_mpirun(tmp_path):
+    pytest.importorskip("mpi4py")
+    out_json = tmp_path / "r.json"
+    proc = _run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
+                 "self,vader", "-np", "2", sys.executable, "-m", "ringcomm.bench.cli",
+                 "-b", "8", "-e", "64K", "-f", "64", "--ops", "all", "-n", "3", "-w", "2",
+                 "--budget", "0.02", "--batch-ms", "0.5", "--timeout", "60",
+                 "--backends", "ringcomm,gloo,mpi", "--json", str(out_json)], tmp_path)
+    report = _check_sweep(proc, out_json, list(COLLECTIVES), ["ringcomm", "gloo", "mpi"])
+    assert report["config"]["launcher"] == "mpirun"
+    assert report["machine"]["mpi_library"]
