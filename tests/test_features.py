@@ -87,20 +87,22 @@ def section_send_recv(comm, fail):
     if not (ws_.is_completed() and wr.is_completed()):
         fail("async ring send/recv: is_completed() False after wait()")
 
-    # Exchange: ranks 0 and 1 both isend 1 MiB, then irecv, then wait.
+    # Exchange: ranks 0 and 1 both isend, then irecv, then wait. 24 MiB is far
+    # more than the FIFOs hold, so the isend must not block the irecv behind it.
     if r in (0, 1):
         peer = 1 - r
-        n = (1 << 20) // 4
-        seed = checks.seed_of("xchg")
-        x = make_buf(gen("float32", None, seed, r, 0, n), "float32", "torch")
-        y = empty_buf(n, "float32", "torch")
-        wsend = comm.send(x, peer, async_op=True)
-        wrecv = ringcomm.recv(y, peer, comm=comm, async_op=True)
-        wrecv.wait(timeout=60)
-        wsend.wait(timeout=60)
-        err = compare(y, gen("float32", None, seed, peer, 0, n))
-        if err:
-            fail(f"1 MiB exchange isend+irecv between ranks 0 and 1: {err}")
+        for mib in (1, 24):
+            n = (mib << 20) // 4
+            seed = checks.seed_of(f"xchg{mib}")
+            x = make_buf(gen("float32", None, seed, r, 0, n), "float32", "torch")
+            y = empty_buf(n, "float32", "torch")
+            wsend = comm.send(x, peer, async_op=True)
+            wrecv = ringcomm.recv(y, peer, comm=comm, async_op=True)
+            wrecv.wait(timeout=60)
+            wsend.wait(timeout=60)
+            err = compare(y, gen("float32", None, seed, peer, 0, n))
+            if err:
+                fail(f"{mib} MiB exchange isend+irecv between ranks 0 and 1: {err}")
 
     # Many messages in flight: 24 isends before the receiver posts anything; they
     # must arrive in order.

@@ -1,5 +1,7 @@
 #include "comm/communicator.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -289,6 +291,7 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   cv_.notify_all();
   lk.unlock();
+  shm_->wake();  // a worker asleep in a send/recv group picks the new call up
   if (async) return work;
   work->wait(-1);
   return nullptr;
@@ -296,14 +299,26 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
 
 void Communicator::worker_loop() {
   std::unique_lock<std::mutex> lk(mu_);
+  auto ready = [&] { return (stop_ && queue_.empty()) || (!queue_.empty() && !running_); };
   for (;;) {
-    cv_.wait(lk, [&] { return (stop_ && queue_.empty()) || (!queue_.empty() && !running_); });
+    // Poll for a moment before sleeping: async calls often come in bursts.
+    auto spin_until = Clock::now() + std::chrono::microseconds(100);
+    while (!ready() && Clock::now() < spin_until) {
+      lk.unlock();
+      sched_yield();
+      lk.lock();
+    }
+    cv_.wait(lk, ready);
     if (queue_.empty()) return;
     auto item = std::move(queue_.front());
     queue_.pop_front();
     running_ = true;
     lk.unlock();
-    execute(item.first, *item.second);
+    if (item.first.kind == OpKind::kSend) {
+      execute_p2p(std::move(item));
+    } else {
+      execute(item.first, *item.second);
+    }
     lk.lock();
     running_ = false;
     cv_.notify_all();
@@ -388,8 +403,7 @@ void Communicator::execute(Call& c, Work& work) {
     }
     plan(c, rp);
     CallInfo info{c.name, c.tag.seq, rank_, config_.timeout_s};
-    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(config_.timeout_s));
+    const Clock::time_point deadline = deadline_from_now();
     executor_.run(schedule_, rp, deadline, info);
     work.complete();
     return;
@@ -400,12 +414,104 @@ void Communicator::execute(Call& c, Work& work) {
     kind = Work::ErrorKind::kError;
     message = e.what();
   }
+  fail(message);
+  work.fail(kind, message);
+}
+
+Clock::time_point Communicator::deadline_from_now() const {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(config_.timeout_s));
+}
+
+// Poisons the communicator and tells the peers, so they fail fast too.
+void Communicator::fail(const std::string& message) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (error_.empty()) error_ = message;
   }
   shm_->announce_abort("rank " + std::to_string(rank_) + ": " + message);
-  work.fail(kind, message);
+}
+
+// Consecutive queued send/recv calls run as one group whose steps progress
+// together, as isend/irecv do in torch.distributed: a large isend never
+// blocks the irecv issued after it (which would deadlock two ranks that
+// exchange). Calls queued while the group runs join it; the group ends when
+// every member is done and the next queued call (if any) is a collective, so
+// issue order between collectives and point-to-point calls is kept.
+void Communicator::execute_p2p(Item first) {
+  struct Member {
+    Item item;
+    size_t begin, end;  // its steps in schedule_
+    Clock::time_point deadline;
+    CallInfo info;
+    bool done = false;
+  };
+  std::deque<Member> members;  // deque: stable addresses for the tags
+  schedule_.clear();
+  Clock::time_point deadline;
+  CallInfo info;
+  auto add = [&](Item item) {
+    members.push_back(Member{std::move(item), schedule_.size(), 0, deadline_from_now(), {}});
+    Member& m = members.back();
+    Call& c = m.item.first;
+    m.info = CallInfo{c.name, c.tag.seq, rank_, config_.timeout_s};
+    PlanContext ctx{rank_, world_, dtype_size(c.a.dtype), 1, &c.tag, &schedule_};
+    if (c.is_send) {
+      p2p_send(ctx, c.root, c.a.ptr, c.a.nbytes());
+    } else {
+      p2p_recv(ctx, c.root, c.a.ptr, c.a.nbytes());
+    }
+    m.end = schedule_.size();
+  };
+  // Completes finished members, takes newly queued send/recv calls, and
+  // points the deadline at the oldest unfinished member.
+  std::function<bool()> refill = [&] {
+    bool changed = false;
+    for (Member& m : members) {
+      if (m.done) continue;
+      bool all = true;
+      for (size_t i = m.begin; i < m.end && all; ++i) all = schedule_[i].complete;
+      if (all) {
+        m.done = true;
+        m.item.second->complete();
+        changed = true;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      while (!queue_.empty() && queue_.front().first.kind == OpKind::kSend) {
+        add(std::move(queue_.front()));
+        queue_.pop_front();
+        changed = true;
+      }
+    }
+    for (Member& m : members) {
+      if (!m.done) {
+        deadline = m.deadline;
+        info = m.info;
+        break;
+      }
+    }
+    return changed;
+  };
+  add(std::move(first));
+  deadline = members.front().deadline;
+  info = members.front().info;
+  try {
+    // run() returns after a refill that found every member complete.
+    executor_.run(schedule_, nullptr, deadline, info, &refill);
+    return;
+  } catch (const TimeoutError& e) {
+    fail(e.what());
+    for (Member& m : members) {
+      if (!m.done) m.item.second->fail(Work::ErrorKind::kTimeout, e.what());
+    }
+  } catch (const std::exception& e) {
+    fail(e.what());
+    for (Member& m : members) {
+      if (!m.done) m.item.second->fail(Work::ErrorKind::kError, e.what());
+    }
+  }
 }
 
 void Communicator::close() {

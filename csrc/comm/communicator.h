@@ -81,8 +81,13 @@ class Communicator {
     std::string name;
   };
 
+  using Item = std::pair<Call, std::shared_ptr<Work>>;
+
   std::shared_ptr<Work> submit(Call call, bool async);
   void execute(Call& call, Work& work);
+  void execute_p2p(Item first);
+  void fail(const std::string& message);
+  Clock::time_point deadline_from_now() const;
   void plan(Call& call, const Reducer* reducer);
   void worker_loop();
   void check_usable();
@@ -100,7 +105,7 @@ class Communicator {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<Call, std::shared_ptr<Work>>> queue_;
+  std::deque<Item> queue_;
   bool running_ = false;  // a call is executing (inline or on the worker)
   bool stop_ = false;
   bool closed_ = false;

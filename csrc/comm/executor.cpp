@@ -23,7 +23,7 @@ namespace {
 
 // Steps beyond the first incomplete one that a pass looks at. The FIFO order
 // rule blocks anything further anyway; this bounds the cost of a pass.
-size_t window(int world) { return static_cast<size_t>(4 * world + 8); }
+size_t window_for(int world) { return static_cast<size_t>(4 * world + 8); }
 
 uint32_t page_offset(const void* p) {
   return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 4095);
@@ -144,11 +144,11 @@ bool Executor::advance(Step& s, const Reducer* reducer) {
 // One pass over the active window. A step may touch a FIFO only if no earlier
 // incomplete step uses it (messages on a FIFO stay in order); a local step
 // runs only when everything before it is complete, and blocks what follows.
-bool Executor::pass(Schedule& steps, const Reducer* reducer) {
+bool Executor::pass(Schedule& steps, const Reducer* reducer, size_t window) {
   std::fill(send_busy_.begin(), send_busy_.end(), 0);
   std::fill(recv_busy_.begin(), recv_busy_.end(), 0);
   bool moved = false;
-  const size_t end = std::min(steps.size(), first_ + window(world_));
+  const size_t end = std::min(steps.size(), first_ + window);
   for (size_t i = first_; i < end; ++i) {
     Step& s = steps[i];
     if (s.complete) continue;
@@ -196,25 +196,31 @@ void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
                      " (did every rank call it?)");
 }
 
-void Executor::run(Schedule& steps, const Reducer* reducer, Clock::time_point deadline,
-                   const CallInfo& info) {
+void Executor::run(Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
+                   const CallInfo& info, const std::function<bool()>* refill) {
   info_ = &info;
   first_ = 0;
+  const size_t window = refill ? SIZE_MAX / 2 : window_for(world_);
+  auto step = [&] {
+    bool changed = refill && (*refill)();
+    return pass(steps, reducer, window) || changed;
+  };
   uint64_t idle = 0;
   Clock::time_point idle_since;
   enum { kSpin, kYield, kSleep } phase = kSpin;
-  while (first_ < steps.size()) {
-    if (pass(steps, reducer)) {
+  for (;;) {
+    if (step()) {
       idle = 0;
       continue;
     }
+    if (first_ >= steps.size()) return;
     if (idle++ == 0) {
       idle_since = Clock::now();
       phase = kSpin;
     }
     if ((idle & 63) == 0) {
       Clock::time_point now = Clock::now();
-      if (now > deadline) fail_timeout(steps, info);
+      if (now > deadline) fail_timeout(steps, *info_);
       auto waited = now - idle_since;
       phase = waited < policy_.spin ? kSpin : waited < policy_.spin + policy_.yield ? kYield : kSleep;
       if (phase != kSpin) check_peers_alive(steps);
@@ -225,7 +231,7 @@ void Executor::run(Schedule& steps, const Reducer* reducer, Clock::time_point de
       sched_yield();
     } else {
       bool moved = false;
-      transport_->sleep(deadline, [&] { return moved = pass(steps, reducer); });
+      transport_->sleep(deadline, [&] { return moved = step(); });
       if (moved) idle = 0;
     }
   }

@@ -34,12 +34,18 @@ class Executor {
 
   // Runs `steps` to completion. Throws TimeoutError (naming the op, sequence
   // number, this rank and the peer waited for) or Error (mismatched headers,
-  // a peer that aborted).
-  void run(Schedule& steps, const Reducer* reducer, Clock::time_point deadline,
-           const CallInfo& info);
+  // a peer that aborted). `deadline` and `info` are read as the run goes.
+  //
+  // `refill`, when given, runs before every pass and may append steps (and
+  // move `deadline` / `info` to the oldest unfinished call): that is how a
+  // stream of point-to-point calls progresses together. It returns whether
+  // it changed anything. Appended steps are all looked at in every pass;
+  // otherwise a pass looks at a bounded window after the first unfinished step.
+  void run(Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
+           const CallInfo& info, const std::function<bool()>* refill = nullptr);
 
  private:
-  bool pass(Schedule& steps, const Reducer* reducer);
+  bool pass(Schedule& steps, const Reducer* reducer, size_t window);
   bool advance(Step& s, const Reducer* reducer);
   void check_header(const Step& s, const MsgHeader& h, size_t expect_bytes);
   [[noreturn]] void fail_timeout(const Schedule& steps, const CallInfo& info);

@@ -1,6 +1,7 @@
 // The handle of one issued operation. Completed by whichever thread runs it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -32,7 +33,7 @@ class Work {
   std::string what_;
   std::mutex mu_;
   std::condition_variable cv_;
-  State state_ = State::kPending;
+  std::atomic<State> state_{State::kPending};
   ErrorKind kind_ = ErrorKind::kNone;
   std::string message_;
 };

@@ -24,6 +24,10 @@ class Transport {
   // (progress was made) the sleep is skipped.
   virtual void sleep(Clock::time_point until, const std::function<bool()>& recheck) = 0;
 
+  // Interrupts a sleep() of this rank from another thread of this process
+  // (new work was queued).
+  virtual void wake() = 0;
+
   // Marks this rank as failed with `why`, so that peers waiting on it fail fast.
   virtual void announce_abort(const std::string& why) = 0;
   // Non-empty when `peer` announced an abort.

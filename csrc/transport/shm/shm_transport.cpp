@@ -139,6 +139,8 @@ void ShmTransport::sleep(Clock::time_point until, const std::function<bool()>& r
   ctl->sleeping.store(0, std::memory_order_relaxed);
 }
 
+void ShmTransport::wake() { ring(inbox_.control()); }
+
 void ShmTransport::announce_abort(const std::string& why) {
   SegmentControl* ctl = inbox_.control();
   if (ctl->aborted.load()) return;

@@ -33,6 +33,7 @@ class ShmTransport : public Transport {
 
   Link* link(int peer) override;
   void sleep(Clock::time_point until, const std::function<bool()>& recheck) override;
+  void wake() override;
   void announce_abort(const std::string& why) override;
   std::string peer_abort_reason(int peer) override;
 

@@ -90,8 +90,7 @@ class RingcommBackend(Backend):
         self.transport = os.environ.get("RINGCOMM_TRANSPORT") or (
             "auto of " + "/".join(built) if built else "auto")
         self.algo = os.environ.get("RINGCOMM_ALGO", "auto")
-        self.notes = {"sendrecv": "ringcomm has no grouped send+recv: ranks alternate "
-                                  "(even ranks send first), so a ring step is sequential"}
+        self.notes = {}
 
     def describe(self) -> Dict[str, str]:
         return {"version": str(getattr(self.rc, "__version__", "?")),
@@ -126,17 +125,13 @@ class RingcommBackend(Backend):
         if name == "sendrecv":
             nxt, prv = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
 
-            def send_first():
-                rc.send(inp, nxt, comm=comm)
-                rc.recv(out, prv, comm=comm)
-
-            def recv_first():
-                rc.recv(out, prv, comm=comm)
-                rc.send(inp, nxt, comm=comm)
-
-            # Odd world sizes: the last (even) rank and rank 0 both send first; rank 0's
-            # successor receives first, so the chain still completes.
-            return send_first if self.rank % 2 == 0 else recv_first
+            def sendrecv():
+                # Queued isend/irecv progress together (like batch_isend_irecv).
+                ws = rc.send(inp, nxt, comm=comm, async_op=True)
+                wr = rc.recv(out, prv, comm=comm, async_op=True)
+                ws.wait()
+                wr.wait()
+            return sendrecv
         raise ValueError(f"ringcomm backend: unknown primitive {name!r}")
 
     def barrier(self):
