@@ -38,7 +38,8 @@ Communicator::Communicator(int rank, int world, Config config)
       world_(world),
       config_(std::move(config)),
       shm_(std::make_unique<ShmTransport>(rank, world, config_.slot_bytes, config_.nslots)),
-      executor_(shm_.get(), rank, world, config_.wait),
+      router_(rank, world, shm_.get()),
+      executor_(&router_, rank, world, config_.wait),
       scratch_(static_cast<size_t>(world) * config_.oneshot_max_bytes),
       send_seq_(world),
       recv_seq_(world) {
@@ -291,7 +292,7 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   cv_.notify_all();
   lk.unlock();
-  shm_->wake();  // a worker asleep in a send/recv group picks the new call up
+  router_.wake();  // a worker asleep in a send/recv group picks the new call up
   if (async) return work;
   work->wait(-1);
   return nullptr;
@@ -429,7 +430,7 @@ void Communicator::fail(const std::string& message) {
     std::lock_guard<std::mutex> lk(mu_);
     if (error_.empty()) error_ = message;
   }
-  shm_->announce_abort("rank " + std::to_string(rank_) + ": " + message);
+  router_.announce_abort("rank " + std::to_string(rank_) + ": " + message);
 }
 
 // Consecutive queued send/recv calls run as one group whose steps progress
@@ -532,7 +533,7 @@ void Communicator::abort(const std::string& why) {
     std::lock_guard<std::mutex> lk(mu_);
     if (error_.empty()) error_ = "aborted: " + why;
   }
-  if (shm_) shm_->announce_abort("rank " + std::to_string(rank_) + " aborted: " + why);
+  if (!closed_) router_.announce_abort("rank " + std::to_string(rank_) + " aborted: " + why);
 }
 
 }  // namespace ringcomm

@@ -19,6 +19,7 @@
 #include "comm/describe.h"
 #include "comm/executor.h"
 #include "comm/work.h"
+#include "transport/router.h"
 #include "transport/shm/shm_transport.h"
 
 namespace ringcomm {
@@ -42,7 +43,8 @@ class Communicator {
   const Config& config() const { return config_; }
 
   // Bootstrap (the store exchange happens in Python): this rank's segment
-  // name, then every rank's, then the unlink once all peers mapped it.
+  // name, then every rank's ("" for peers on other hosts), then the unlink
+  // once all peers mapped it.
   std::string segment_name() const { return shm_->segment_name(); }
   void connect(const std::vector<std::string>& segment_names);
   void unlink_segment() { shm_->unlink(); }
@@ -98,7 +100,8 @@ class Communicator {
   const int rank_;
   const int world_;
   const Config config_;
-  std::unique_ptr<ShmTransport> shm_;
+  std::unique_ptr<ShmTransport> shm_;  // this rank's inbox + doorbell, and same-host peers
+  Router router_;                      // which transport reaches which peer
   Executor executor_;
   Schedule schedule_;           // reused by every call (one call runs at a time)
   std::vector<char> scratch_;   // one-shot all_reduce inputs

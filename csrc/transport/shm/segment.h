@@ -55,6 +55,7 @@ class Segment {
   ~Segment();
 
   const std::string& name() const { return name_; }
+  bool mapped() const { return base_ != nullptr; }
   // Removes the name from /dev/shm (mappings stay valid). Idempotent.
   void unlink();
 

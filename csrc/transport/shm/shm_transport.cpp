@@ -118,7 +118,7 @@ void ShmTransport::connect(const std::vector<std::string>& names) {
   peers_.resize(world_);
   links_.resize(world_);
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
+    if (p == rank_ || names[p].empty()) continue;  // empty: reached by another transport
     peers_[p] = Segment::open(names[p], world_, p, slot_bytes_, nslots_);
     links_[p] = std::make_unique<ShmLink>(rank_, p, &inbox_, &peers_[p], slot_bytes_, nslots_);
   }
@@ -149,7 +149,7 @@ void ShmTransport::announce_abort(const std::string& why) {
   ctl->abort_reason[n] = 0;
   ctl->aborted.store(1, std::memory_order_release);
   for (int p = 0; p < world_; ++p) {
-    if (p != rank_ && peers_.size() == static_cast<size_t>(world_)) {
+    if (p != rank_ && peers_.size() == static_cast<size_t>(world_) && peers_[p].mapped()) {
       SegmentControl* pc = peers_[p].control();
       pc->bell.fetch_add(1);
       futex_wake_all(&pc->bell);
@@ -158,7 +158,7 @@ void ShmTransport::announce_abort(const std::string& why) {
 }
 
 std::string ShmTransport::peer_abort_reason(int peer) {
-  if (peer == rank_ || peers_.size() != static_cast<size_t>(world_)) return {};
+  if (peer == rank_ || peers_.size() != static_cast<size_t>(world_) || !peers_[peer].mapped()) return {};
   SegmentControl* pc = peers_[peer].control();
   if (!pc->aborted.load(std::memory_order_acquire)) return {};
   return std::string(pc->abort_reason, strnlen(pc->abort_reason, sizeof(pc->abort_reason)));

@@ -26,7 +26,8 @@ class ShmTransport : public Transport {
   ~ShmTransport() override;
 
   const std::string& segment_name() const { return inbox_.name(); }
-  // Maps the inbox of each peer (names[p], "" for this rank).
+  // Maps the inbox of each peer (names[p]; "" for this rank and for peers
+  // that another transport reaches).
   void connect(const std::vector<std::string>& names);
   // Removes this rank's segment name from /dev/shm once every peer mapped it.
   void unlink() { inbox_.unlink(); }

@@ -1,0 +1,22 @@
+#include "transport/router.h"
+
+#include <algorithm>
+
+namespace ringcomm {
+
+Router::Router(int rank, int world, Transport* home) : home_(home), routes_(world, home), all_{home} {}
+
+void Router::route(int peer, Transport* t) {
+  routes_[peer] = t;
+  add_transport(t);
+}
+
+void Router::add_transport(Transport* t) {
+  if (std::find(all_.begin(), all_.end(), t) == all_.end()) all_.push_back(t);
+}
+
+void Router::announce_abort(const std::string& why) {
+  for (Transport* t : all_) t->announce_abort(why);
+}
+
+}  // namespace ringcomm

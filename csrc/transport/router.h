@@ -1,0 +1,38 @@
+// Routes each peer to the transport that connects it (shared memory for
+// ranks of this host, sockets for the others) and presents them to the
+// executor as one Transport. Waiting always happens on the shared-memory
+// doorbell of this rank: other transports ring it (Transport::wake) when
+// data arrives, so one futex covers every peer.
+#pragma once
+
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace ringcomm {
+
+class Router : public Transport {
+ public:
+  Router(int rank, int world, Transport* home);
+
+  // Peer `peer` is reached through `t` from now on.
+  void route(int peer, Transport* t);
+  Transport* route_of(int peer) const { return routes_[peer]; }
+  // Every transport in use (home first), for aborts.
+  void add_transport(Transport* t);
+
+  Link* link(int peer) override { return routes_[peer]->link(peer); }
+  void sleep(Clock::time_point until, const std::function<bool()>& recheck) override {
+    home_->sleep(until, recheck);
+  }
+  void wake() override { home_->wake(); }
+  void announce_abort(const std::string& why) override;
+  std::string peer_abort_reason(int peer) override { return routes_[peer]->peer_abort_reason(peer); }
+
+ private:
+  Transport* home_;
+  std::vector<Transport*> routes_;
+  std::vector<Transport*> all_;
+};
+
+}  // namespace ringcomm
