@@ -27,13 +27,25 @@ def test_all_primitives_all_dtypes(world_size):
 
 
 def test_tiny_chunks_force_multi_chunk_paths():
-    """256-byte slots, 4 in flight: even 1000 elements take many pipelined chunks."""
-    _run_matrix(3, env={"RINGCOMM_SLOT_BYTES": 256, "RINGCOMM_SLOTS": 4},
+    """256-byte slots, 4 in flight: even 1000 elements take many pipelined chunks
+    (pull schedules off, so large messages go through the FIFOs too)."""
+    _run_matrix(3, env={"RINGCOMM_SLOT_BYTES": 256, "RINGCOMM_SLOTS": 4, "RINGCOMM_PULL": 0},
                 counts=(0, 1, 7, 1000, 10007, checks.BIG),
                 big_dtypes=("float32", "int8", "bfloat16"), tag="slots256 ")
 
 
-@pytest.mark.parametrize("algo,world_size", [("oneshot", 3), ("ring", 4)])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_pull_schedules_for_every_size(world_size):
+    """Single-copy pull schedules (cross-memory attach) down to the smallest messages."""
+    _run_matrix(world_size, env={"RINGCOMM_PULL_MIN_BYTES": 1}, tag="pull ")
+
+
+def test_fifo_schedules_for_every_size():
+    """No pull schedules: every size goes through the shared-memory FIFOs."""
+    _run_matrix(3, env={"RINGCOMM_PULL": 0}, tag="fifo ")
+
+
+@pytest.mark.parametrize("algo,world_size", [("oneshot", 3), ("ring", 4), ("pull", 3)])
 def test_all_reduce_forced_algorithm(algo, world_size):
     """RINGCOMM_ALGO forces one all_reduce algorithm for every size."""
     _run_matrix(world_size, env={"RINGCOMM_ALGO": algo}, prims=("all_reduce",),

@@ -15,6 +15,9 @@ struct PlanContext {
   size_t slice_elems;  // ring schedules: elements of each block moved per round
   const MsgTag* tag;   // header every message of the call carries
   Schedule* out;
+  // Pull schedules: world entries; this rank's own published address goes in
+  // addrs[rank], each peer's arrives in addrs[peer].
+  uint64_t* addrs = nullptr;
 };
 
 // Ring (bandwidth optimal, 2(n-1) steps per round).
@@ -37,6 +40,18 @@ void direct_scatter(const PlanContext& c, int root, const char* in, char* out, s
 void direct_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
 void pairwise_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes_per_rank);
 void all_pairs_barrier(const PlanContext& c);
+
+// Pull (single copy: peers read each other's buffers, see algo/pull.cpp).
+void pull_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
+void pull_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank, bool avg);
+void pull_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);
+void pull_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
+void pull_reduce_to_root(const PlanContext& c, int root, char* buf, size_t count, bool avg);
+void pull_scatter(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
+void pull_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
+void pull_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes_per_rank);
+void pull_send(const PlanContext& c, int peer, const char* buf);
+void pull_recv(const PlanContext& c, int peer, char* buf, size_t nbytes);
 
 // Point to point.
 void p2p_send(const PlanContext& c, int peer, const char* buf, size_t nbytes);

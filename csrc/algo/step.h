@@ -4,6 +4,12 @@
 // same FIFO run in list order; steps on different FIFOs run concurrently;
 // local steps are fences (they start when all earlier steps are done and
 // nothing after them starts before they finish).
+//
+// Pull steps read a peer's buffer directly (single copy, where the transport
+// can: cross-memory attach on one host). The peer first sends the address of
+// its buffer as an 8-byte message into *remote_base; a pull names that
+// receive as the step it comes `after`. Pulls are not fences, so pulls of
+// independent send/recv calls never wait for each other.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +29,11 @@ enum class StepKind : uint8_t {
   kRecvCopySend,        // dst <- recv_peer; send_peer <- dst
   kLocalCopy,           // dst <- src
   kLocalReduce,         // dst <- src (op) src2
+  kFence,               // nothing; later steps wait until all earlier ones are done
+  kPull,                // dst <- peer's memory at *remote_base + remote_offset
+  kPullReduce,          // dst <- src (op) peer's memory at *remote_base + remote_offset
+  kAckPull,             // tell send_peer its message tag->seq was read
+  kAwaitPull,           // wait until recv_peer has read this rank's message tag->seq
 };
 
 struct Step {
@@ -35,13 +46,26 @@ struct Step {
   const char* src2 = nullptr;
   size_t nbytes = 0;
   const MsgTag* tag = nullptr;
+  // Pull steps: the peer (recv_peer), where its address arrives and the
+  // offset from that address.
+  const uint64_t* remote_base = nullptr;
+  uint64_t remote_offset = 0;
+  // Any step: the index of a step that must be complete before this one starts.
+  size_t after = SIZE_MAX;
   // Progress, owned by the executor.
   size_t done = 0;
   uint64_t segment = 0;
   bool complete = false;
 };
 
-inline bool is_local(StepKind k) { return k == StepKind::kLocalCopy || k == StepKind::kLocalReduce; }
+inline bool is_local(StepKind k) {
+  return k == StepKind::kLocalCopy || k == StepKind::kLocalReduce || k == StepKind::kFence;
+}
+// Steps that use no FIFO (they read memory or counters directly).
+inline bool is_pull(StepKind k) {
+  return k == StepKind::kPull || k == StepKind::kPullReduce || k == StepKind::kAckPull ||
+         k == StepKind::kAwaitPull;
+}
 
 using Schedule = std::vector<Step>;
 

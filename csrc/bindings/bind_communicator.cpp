@@ -36,6 +36,9 @@ void bind_communicator(py::module_& m) {
       .def_readwrite("algo", &Config::algo)
       .def_readwrite("oneshot_max_bytes", &Config::oneshot_max_bytes)
       .def_readwrite("timeout_s", &Config::timeout_s)
+      .def_readwrite("transport", &Config::transport)
+      .def_readwrite("pull", &Config::pull)
+      .def_readwrite("pull_min_bytes", &Config::pull_min_bytes)
       .def_property(
           "spin_us", [](const Config& c) { return std::chrono::duration<double, std::micro>(c.wait.spin).count(); },
           [](Config& c, double us) {
@@ -63,6 +66,24 @@ void bind_communicator(py::module_& m) {
       .def("segment_name", &C::segment_name)
       .def("connect", &C::connect, py::call_guard<py::gil_scoped_release>())
       .def("unlink_segment", &C::unlink_segment)
+      .def("listen_tcp", &C::listen_tcp, py::arg("host"))
+      .def("connect_tcp",
+           [](C& c, const std::vector<std::string>& hosts, const std::vector<int>& ports, py::bytes secret) {
+             std::string s = secret;
+             py::gil_scoped_release r;
+             c.connect_tcp(hosts, ports, s);
+           },
+           py::arg("hosts"), py::arg("ports"), py::arg("secret"))
+      .def("transport_of", &C::transport_of, py::arg("peer"))
+      .def("probe_pull", &C::probe_pull)
+      .def("set_pull", &C::set_pull)
+      .def("set_wait", [](C& c, double spin_us, double yield_us) {
+        WaitPolicy w;
+        w.spin = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(spin_us));
+        w.yield = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(yield_us));
+        c.set_wait_policy(w);
+      })
+      .def_property_readonly("pull_enabled", &C::pull_enabled)
       .def("error", &C::error)
       .def("close", &C::close, py::call_guard<py::gil_scoped_release>())
       .def("abort", &C::abort, py::call_guard<py::gil_scoped_release>())

@@ -17,7 +17,7 @@ void bind_types(py::module_& m) {
     py::dict d;
     d["cuda"] = false;
     d["nccl"] = false;
-    d["transports"] = py::make_tuple("shm");
+    d["transports"] = py::make_tuple("shm", "tcp");
     d["reduce_isa"] = reducer_isa();
     d["compiler"] = __VERSION__;
     return d;

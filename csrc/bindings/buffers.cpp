@@ -86,18 +86,36 @@ bool is_torch_tensor(py::handle obj) {
   return PyType_IsSubtype(t, tensor_type);
 }
 
+// Reads a torch tensor through its Python attributes (no libtorch linking).
+// The attribute names are interned once: this runs on every call.
 Buffer from_torch(py::handle obj, const char* arg) {
-  if (!obj.attr("is_cpu").cast<bool>()) {
+  static PyObject* is_cpu = PyUnicode_InternFromString("is_cpu");
+  static PyObject* is_contiguous = PyUnicode_InternFromString("is_contiguous");
+  static PyObject* dtype = PyUnicode_InternFromString("dtype");
+  static PyObject* numel = PyUnicode_InternFromString("numel");
+  static PyObject* data_ptr = PyUnicode_InternFromString("data_ptr");
+  auto get = [&](PyObject* name) { return py::reinterpret_steal<py::object>(PyObject_GetAttr(obj.ptr(), name)); };
+  auto call = [&](PyObject* name) {
+    py::object r = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(obj.ptr(), name));
+    if (!r) throw py::error_already_set();
+    return r;
+  };
+  py::object cpu = get(is_cpu);
+  if (!cpu) throw py::error_already_set();
+  if (cpu.ptr() != Py_True) {
     throw ValueError(std::string(arg) + " is on device " + std::string(py::str(obj.attr("device"))) +
                      "; this build of ringcomm handles CPU tensors only");
   }
-  if (!obj.attr("is_contiguous")().cast<bool>()) {
+  if (call(is_contiguous).ptr() != Py_True) {
     throw ValueError(std::string(arg) + " must be contiguous (call .contiguous() first)");
   }
   Buffer b;
-  b.dtype = from_torch_dtype(arg, obj.attr("dtype"));
-  b.count = obj.attr("numel")().cast<size_t>();
-  b.ptr = reinterpret_cast<char*>(obj.attr("data_ptr")().cast<uintptr_t>());
+  py::object dt = get(dtype);
+  if (!dt) throw py::error_already_set();
+  b.dtype = from_torch_dtype(arg, dt);
+  b.count = PyLong_AsSize_t(call(numel).ptr());
+  b.ptr = reinterpret_cast<char*>(PyLong_AsVoidPtr(call(data_ptr).ptr()));
+  if (PyErr_Occurred()) throw py::error_already_set();
   b.present = true;
   return b;
 }

@@ -41,6 +41,7 @@ Communicator::Communicator(int rank, int world, Config config)
       router_(rank, world, shm_.get()),
       executor_(&router_, rank, world, config_.wait),
       scratch_(static_cast<size_t>(world) * config_.oneshot_max_bytes),
+      addrs_(world),
       send_seq_(world),
       recv_seq_(world) {
   schedule_.reserve(1024);
@@ -54,6 +55,30 @@ Communicator::~Communicator() {
 }
 
 void Communicator::connect(const std::vector<std::string>& names) { shm_->connect(names); }
+
+int Communicator::listen_tcp(const std::string& host) {
+  if (!tcp_) tcp_ = std::make_unique<TcpTransport>(rank_, world_, config_.slot_bytes, config_.nslots, shm_.get());
+  return tcp_->listen(host);
+}
+
+void Communicator::connect_tcp(const std::vector<std::string>& hosts, const std::vector<int>& ports,
+                               const std::string& secret) {
+  if (!tcp_) throw Error("ringcomm: connect_tcp before listen_tcp");
+  if (std::all_of(hosts.begin(), hosts.end(), [](const std::string& h) { return h.empty(); })) {
+    tcp_.reset();  // every peer shares memory with this rank
+    return;
+  }
+  tcp_->connect(hosts, ports, secret, deadline_from_now());
+  for (int p = 0; p < world_; ++p) {
+    if (tcp_->reaches(p)) router_.route(p, tcp_.get());
+  }
+}
+
+std::string Communicator::transport_of(int peer) const {
+  check_root(peer, "peer");
+  if (peer == rank_) return "self";
+  return tcp_ && tcp_->reaches(peer) ? "tcp" : "shm";
+}
 
 std::string Communicator::error() {
   std::lock_guard<std::mutex> lk(mu_);
@@ -332,56 +357,108 @@ void Communicator::plan(Call& c, const Reducer* reducer) {
   // the half that keeps the ring deadlock free (see algo/ring.cpp).
   const size_t segments = std::max(1, config_.nslots / 4);
   const size_t slice = std::max<size_t>(1, segments * config_.slot_bytes / elem);
-  PlanContext ctx{rank_, world_, elem, slice, &c.tag, &schedule_};
+  PlanContext ctx{rank_, world_, elem, slice, &c.tag, &schedule_, addrs_.data()};
   const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
+  // Tag ids of the schedule families (both ends must run the same one).
+  enum : uint8_t { kFifo = 0, kRing = 1, kOneShot = 2, kPull = 3 };
   schedule_.clear();
+  // Decided from what every rank knows alike (a root's extra input is not).
+  const bool pull = use_pull(c.tag.count * elem);
+  c.tag.algo = pull ? kPull : kFifo;
   switch (c.kind) {
     case OpKind::kAllReduce: {
       const size_t bytes = c.a.nbytes();
-      bool oneshot = config_.algo == "oneshot" ||
-                     (config_.algo == "auto" && bytes <= config_.oneshot_max_bytes);
-      c.tag.algo = oneshot ? 2 : 1;
-      if (oneshot) {
+      const std::string& algo = config_.algo;
+      const bool auto_ = algo == "auto";
+      if (algo == "oneshot" || (auto_ && bytes <= config_.oneshot_max_bytes)) {
+        c.tag.algo = kOneShot;
         if (scratch_.size() < bytes * world_) scratch_.resize(bytes * world_);
         oneshot_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
+      } else if ((algo == "pull" && pull_ok_) || (auto_ && pull)) {
+        c.tag.algo = kPull;
+        pull_all_reduce(ctx, c.a.ptr, c.a.count, avg);
       } else {
+        c.tag.algo = kRing;
         ring_all_reduce(ctx, c.a.ptr, c.a.count, avg);
       }
       break;
     }
     case OpKind::kReduceScatter:
-      ring_reduce_scatter(ctx, c.b.ptr, c.a.ptr, c.a.count, avg);
-      break;
-    case OpKind::kAllGather:
-      ring_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);
-      break;
-    case OpKind::kBroadcast:
-      chain_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
-      break;
-    case OpKind::kReduce:
-      chain_reduce(ctx, c.root, c.a.ptr, c.a.count, avg);
-      break;
-    case OpKind::kScatter:
-      direct_scatter(ctx, c.root, c.b.ptr, c.a.ptr, c.a.nbytes());
-      break;
-    case OpKind::kGather:
-      direct_gather(ctx, c.root, c.b.ptr, c.a.ptr, c.b.nbytes());
-      break;
-    case OpKind::kAllToAll:
-      pairwise_all_to_all(ctx, c.b.ptr, c.a.ptr, c.b.nbytes() / world_);
-      break;
-    case OpKind::kSend:
-      if (c.is_send) {
-        p2p_send(ctx, c.root, c.a.ptr, c.a.nbytes());
+      if (pull) {
+        pull_reduce_scatter(ctx, c.b.ptr, c.a.ptr, c.a.count, avg);
       } else {
-        p2p_recv(ctx, c.root, c.a.ptr, c.a.nbytes());
+        ring_reduce_scatter(ctx, c.b.ptr, c.a.ptr, c.a.count, avg);
       }
       break;
+    case OpKind::kAllGather:
+      if (pull) {
+        pull_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);
+      } else {
+        ring_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);
+      }
+      break;
+    case OpKind::kBroadcast:
+      if (pull) {
+        pull_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
+      } else {
+        chain_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
+      }
+      break;
+    case OpKind::kReduce:
+      if (pull) {
+        pull_reduce_to_root(ctx, c.root, c.a.ptr, c.a.count, avg);
+      } else {
+        chain_reduce(ctx, c.root, c.a.ptr, c.a.count, avg);
+      }
+      break;
+    case OpKind::kScatter:
+      if (pull) {
+        pull_scatter(ctx, c.root, c.b.ptr, c.a.ptr, c.a.nbytes());
+      } else {
+        direct_scatter(ctx, c.root, c.b.ptr, c.a.ptr, c.a.nbytes());
+      }
+      break;
+    case OpKind::kGather:
+      if (pull) {
+        pull_gather(ctx, c.root, c.b.ptr, c.a.ptr, c.b.nbytes());
+      } else {
+        direct_gather(ctx, c.root, c.b.ptr, c.a.ptr, c.b.nbytes());
+      }
+      break;
+    case OpKind::kAllToAll:
+      if (pull) {
+        pull_all_to_all(ctx, c.b.ptr, c.a.ptr, c.b.nbytes() / world_);
+      } else {
+        pairwise_all_to_all(ctx, c.b.ptr, c.a.ptr, c.b.nbytes() / world_);
+      }
+      break;
+    case OpKind::kSend:
+      plan_p2p(c, ctx);
+      break;
     case OpKind::kBarrier:
+      c.tag.algo = kFifo;
       all_pairs_barrier(ctx);
       break;
   }
   (void)reducer;
+}
+
+// One send or recv; the pull form when the message is large enough (both
+// ends decide alike: they must agree on count and dtype anyway).
+void Communicator::plan_p2p(Call& c, const PlanContext& ctx) {
+  const bool pull = use_pull(c.a.nbytes());
+  c.tag.algo = pull ? 3 : 0;
+  if (c.is_send) {
+    if (pull) {
+      pull_send(ctx, c.root, c.a.ptr);
+    } else {
+      p2p_send(ctx, c.root, c.a.ptr, c.a.nbytes());
+    }
+  } else if (pull) {
+    pull_recv(ctx, c.root, c.a.ptr, c.a.nbytes());
+  } else {
+    p2p_recv(ctx, c.root, c.a.ptr, c.a.nbytes());
+  }
 }
 
 void Communicator::execute(Call& c, Work& work) {
@@ -446,22 +523,20 @@ void Communicator::execute_p2p(Item first) {
     Clock::time_point deadline;
     CallInfo info;
     bool done = false;
+    std::vector<uint64_t> addrs;  // pull form: published addresses of this call
   };
   std::deque<Member> members;  // deque: stable addresses for the tags
   schedule_.clear();
   Clock::time_point deadline;
   CallInfo info;
   auto add = [&](Item item) {
-    members.push_back(Member{std::move(item), schedule_.size(), 0, deadline_from_now(), {}});
+    members.push_back(Member{std::move(item), schedule_.size(), 0, deadline_from_now(), {}, false,
+                             std::vector<uint64_t>(world_)});
     Member& m = members.back();
     Call& c = m.item.first;
     m.info = CallInfo{c.name, c.tag.seq, rank_, config_.timeout_s};
-    PlanContext ctx{rank_, world_, dtype_size(c.a.dtype), 1, &c.tag, &schedule_};
-    if (c.is_send) {
-      p2p_send(ctx, c.root, c.a.ptr, c.a.nbytes());
-    } else {
-      p2p_recv(ctx, c.root, c.a.ptr, c.a.nbytes());
-    }
+    PlanContext ctx{rank_, world_, dtype_size(c.a.dtype), 1, &c.tag, &schedule_, m.addrs.data()};
+    plan_p2p(c, ctx);
     m.end = schedule_.size();
   };
   // Completes finished members, takes newly queued send/recv calls, and
@@ -525,6 +600,10 @@ void Communicator::close() {
   lk.lock();
   closed_ = true;
   lk.unlock();
+  // TCP first: it sends what is still queued, and its I/O thread rings the
+  // shm doorbell.
+  if (tcp_) tcp_->close(deadline_from_now());
+  tcp_.reset();
   shm_.reset();
 }
 

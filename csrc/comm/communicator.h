@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "algo/schedules.h"
 #include "algo/step.h"
 #include "comm/buffer.h"
 #include "comm/describe.h"
@@ -21,15 +22,19 @@
 #include "comm/work.h"
 #include "transport/router.h"
 #include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace ringcomm {
 
 struct Config {
   size_t slot_bytes = 128 * 1024;       // bytes per FIFO slot (one pipelined segment)
   int nslots = 16;                      // slots per FIFO (segments in flight per peer)
-  std::string algo = "auto";            // all_reduce: auto | ring | oneshot
+  std::string algo = "auto";            // all_reduce: auto | ring | oneshot | pull
   size_t oneshot_max_bytes = 64 * 1024;  // auto: one-shot all_reduce up to this size
+  bool pull = true;                     // single-copy pull schedules where the OS allows
+  size_t pull_min_bytes = 256 * 1024;   // ... for messages of at least this size
   double timeout_s = 300.0;
+  std::string transport = "auto";       // bootstrap: auto (TCP to other hosts) | shm | tcp (every peer)
   WaitPolicy wait;
 };
 
@@ -48,6 +53,24 @@ class Communicator {
   std::string segment_name() const { return shm_->segment_name(); }
   void connect(const std::vector<std::string>& segment_names);
   void unlink_segment() { shm_->unlink(); }
+  // Peers that share no memory with this rank are reached over TCP: listen
+  // first (the port is published through the store), then connect to every
+  // peer p with a non-empty hosts[p] once all ranks have published. `secret`
+  // (32 random bytes, the same on every rank) authenticates the connections.
+  // With no such peer, connect_tcp just closes the listener.
+  int listen_tcp(const std::string& host);
+  void connect_tcp(const std::vector<std::string>& hosts, const std::vector<int>& ports,
+                   const std::string& secret);
+  // "shm" or "tcp": how this rank reaches `peer` ("self" for this rank).
+  std::string transport_of(int peer) const;
+  // Whether this rank can read every peer's memory (cross-memory attach);
+  // all ranks must then agree (set_pull) before pull schedules are used.
+  bool probe_pull() { return shm_->probe_remote_read() && router_.can_read_remote(); }
+  void set_pull(bool on) { pull_ok_ = on && config_.pull; }
+  // More ranks than cores on this host: spinning only delays the peer that
+  // should run, so waits yield at once (set before the first call).
+  void set_wait_policy(WaitPolicy policy) { executor_.set_policy(policy); }
+  bool pull_enabled() const { return pull_ok_; }
 
   // Every call returns the Work when `async`, nullptr after a synchronous
   // call completed (its error is thrown).
@@ -91,6 +114,8 @@ class Communicator {
   void fail(const std::string& message);
   Clock::time_point deadline_from_now() const;
   void plan(Call& call, const Reducer* reducer);
+  void plan_p2p(Call& call, const PlanContext& ctx);
+  bool use_pull(size_t nbytes) const { return pull_ok_ && nbytes >= config_.pull_min_bytes; }
   void worker_loop();
   void check_usable();
   void check_root(int root, const char* arg) const;
@@ -101,10 +126,13 @@ class Communicator {
   const int world_;
   const Config config_;
   std::unique_ptr<ShmTransport> shm_;  // this rank's inbox + doorbell, and same-host peers
+  std::unique_ptr<TcpTransport> tcp_;  // peers on other hosts (or all, when forced); may be null
   Router router_;                      // which transport reaches which peer
   Executor executor_;
   Schedule schedule_;           // reused by every call (one call runs at a time)
   std::vector<char> scratch_;   // one-shot all_reduce inputs
+  std::vector<uint64_t> addrs_;  // pull schedules: published buffer addresses
+  bool pull_ok_ = false;
 
   std::mutex mu_;
   std::condition_variable cv_;

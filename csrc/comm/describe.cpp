@@ -35,6 +35,7 @@ std::string describe_tag(const MsgTag& t) {
   if (t.root >= 0) s += ", root " + std::to_string(t.root);
   if (t.algo == 1) s += ", ring";
   if (t.algo == 2) s += ", oneshot";
+  if (t.algo == 3) s += ", pull";
   s += ")";
   return s;
 }

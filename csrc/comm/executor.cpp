@@ -30,12 +30,16 @@ uint32_t page_offset(const void* p) {
 }
 
 bool uses_recv(StepKind k) {
-  return k != StepKind::kSend && k != StepKind::kLocalCopy && k != StepKind::kLocalReduce;
+  return k == StepKind::kRecv || k == StepKind::kRecvReduce || k == StepKind::kRecvReduceSend ||
+         k == StepKind::kRecvReduceCopySend || k == StepKind::kRecvCopySend;
 }
 bool uses_send(StepKind k) {
   return k == StepKind::kSend || k == StepKind::kRecvReduceSend ||
          k == StepKind::kRecvReduceCopySend || k == StepKind::kRecvCopySend;
 }
+
+// Reduction chunks read from a peer: small enough to stay in L2.
+constexpr size_t kPullChunk = 256 * 1024;
 
 }  // namespace
 
@@ -45,7 +49,29 @@ Executor::Executor(Transport* transport, int rank, int world, WaitPolicy policy)
       world_(world),
       policy_(policy),
       send_busy_(world),
-      recv_busy_(world) {}
+      recv_busy_(world),
+      pull_tmp_(kPullChunk + 2 * 4096) {}  // room to place the chunk at any page offset
+
+// Single copy from a peer's buffer; a reducing pull goes through a small
+// buffer that stays in cache, placed at the destination's page offset (copies
+// between buffers at different offsets within a page run ~3x slower).
+void Executor::pull(Step& s, const Reducer* reducer) {
+  Link* link = transport_->link(s.recv_peer);
+  const uint64_t addr = *s.remote_base + s.remote_offset;
+  if (s.kind == StepKind::kPull) {
+    if (s.nbytes) link->read_remote(s.dst, addr, s.nbytes);
+    return;
+  }
+  char* tmp = pull_tmp_.data() + (4096 - (reinterpret_cast<uintptr_t>(pull_tmp_.data()) & 4095)) % 4096;
+  tmp += reinterpret_cast<uintptr_t>(s.dst) & 4095;
+  const size_t chunk = kPullChunk / reducer->elem_size * reducer->elem_size;
+  for (size_t off = 0; off < s.nbytes; off += chunk) {
+    const size_t n = std::min(chunk, s.nbytes - off);
+    link->read_remote(tmp, addr + off, n);
+    reducer->fn(s.dst + off, s.src + off, tmp, n / reducer->elem_size);
+    if (s.divide) reducer->divide(s.dst + off, n / reducer->elem_size, world_);
+  }
+}
 
 void Executor::check_header(const Step& s, const MsgHeader& h, size_t expect_bytes) {
   if (!(h.tag == *s.tag)) {
@@ -65,8 +91,23 @@ void Executor::check_header(const Step& s, const MsgHeader& h, size_t expect_byt
 // Moves one step as far as its FIFOs allow. Returns whether anything moved.
 bool Executor::advance(Step& s, const Reducer* reducer) {
   bool moved = false;
+  if (s.kind == StepKind::kAckPull) {
+    transport_->link(s.send_peer)->ack_pull(s.tag->seq);
+    s.complete = true;
+    return true;
+  }
+  if (s.kind == StepKind::kAwaitPull) {
+    s.complete = transport_->link(s.recv_peer)->pulled() >= s.tag->seq;
+    return s.complete;
+  }
+  if (is_pull(s.kind)) {
+    pull(s, reducer);
+    s.complete = true;
+    return true;
+  }
   if (is_local(s.kind)) {
-    if (s.kind == StepKind::kLocalCopy) {
+    if (s.kind == StepKind::kFence) {
+    } else if (s.kind == StepKind::kLocalCopy) {
       if (s.nbytes) std::memmove(s.dst, s.src, s.nbytes);
     } else {
       size_t n = s.nbytes / reducer->elem_size;
@@ -156,6 +197,16 @@ bool Executor::pass(Schedule& steps, const Reducer* reducer, size_t window) {
       if (i == first_) moved |= advance(s, reducer);
       break;
     }
+    if (s.after != SIZE_MAX && !steps[s.after].complete) {
+      // Not ready: still holds its FIFOs' place so later messages stay behind it.
+      if (uses_recv(s.kind)) recv_busy_[s.recv_peer] = 1;
+      if (uses_send(s.kind)) send_busy_[s.send_peer] = 1;
+      continue;
+    }
+    if (is_pull(s.kind)) {
+      moved |= advance(s, reducer);
+      continue;
+    }
     bool rb = uses_recv(s.kind) && recv_busy_[s.recv_peer];
     bool sb = uses_send(s.kind) && send_busy_[s.send_peer];
     if (!rb && !sb) moved |= advance(s, reducer);
@@ -184,7 +235,9 @@ void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
   const Step& s = steps[first_];
   std::string what;
   const char* payload = nullptr;
-  if (s.recv_peer >= 0 && (s.send_peer < 0 || !transport_->link(s.recv_peer)->recv_peek(&payload))) {
+  if (s.kind == StepKind::kAwaitPull) {
+    what = "waiting for rank " + std::to_string(s.recv_peer) + " to read the message";
+  } else if (s.recv_peer >= 0 && (s.send_peer < 0 || !transport_->link(s.recv_peer)->recv_peek(&payload))) {
     what = "waiting for data from rank " + std::to_string(s.recv_peer);
   } else {
     what = "waiting for rank " + std::to_string(s.send_peer) + " to take data";

@@ -31,6 +31,7 @@ struct CallInfo {
 class Executor {
  public:
   Executor(Transport* transport, int rank, int world, WaitPolicy policy);
+  void set_policy(WaitPolicy policy) { policy_ = policy; }
 
   // Runs `steps` to completion. Throws TimeoutError (naming the op, sequence
   // number, this rank and the peer waited for) or Error (mismatched headers,
@@ -47,6 +48,7 @@ class Executor {
  private:
   bool pass(Schedule& steps, const Reducer* reducer, size_t window);
   bool advance(Step& s, const Reducer* reducer);
+  void pull(Step& s, const Reducer* reducer);
   void check_header(const Step& s, const MsgHeader& h, size_t expect_bytes);
   [[noreturn]] void fail_timeout(const Schedule& steps, const CallInfo& info);
   void check_peers_alive(const Schedule& steps);
@@ -57,6 +59,7 @@ class Executor {
   WaitPolicy policy_;
   size_t first_ = 0;  // first incomplete step
   std::vector<uint8_t> send_busy_, recv_busy_;
+  std::vector<char> pull_tmp_;
   const CallInfo* info_ = nullptr;
 };
 

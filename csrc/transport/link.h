@@ -57,6 +57,15 @@ class Link {
   virtual const MsgHeader* recv_peek(const char** payload) = 0;
   // Returns the segment from the last recv_peek to the sender.
   virtual void recv_release() = 0;
+
+  // Single copy: reads `nbytes` at `remote_addr` in the peer's address space
+  // into `dst`. Only links whose transport reported the capability (see
+  // Transport::can_read_remote) are asked; others throw.
+  virtual void read_remote(void* dst, uint64_t remote_addr, size_t nbytes);
+  // Point-to-point pulls: the receiver tells the sender it finished reading
+  // message `seq`; the sender reads the highest such seq.
+  virtual void ack_pull(uint64_t seq);
+  virtual uint64_t pulled();
 };
 
 }  // namespace ringcomm

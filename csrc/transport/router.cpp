@@ -15,6 +15,13 @@ void Router::add_transport(Transport* t) {
   if (std::find(all_.begin(), all_.end(), t) == all_.end()) all_.push_back(t);
 }
 
+bool Router::can_read_remote() {
+  for (Transport* t : all_) {
+    if (!t->can_read_remote()) return false;
+  }
+  return true;
+}
+
 void Router::announce_abort(const std::string& why) {
   for (Transport* t : all_) t->announce_abort(why);
 }

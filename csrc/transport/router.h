@@ -26,6 +26,7 @@ class Router : public Transport {
     home_->sleep(until, recheck);
   }
   void wake() override { home_->wake(); }
+  bool can_read_remote() override;
   void announce_abort(const std::string& why) override;
   std::string peer_abort_reason(int peer) override { return routes_[peer]->peer_abort_reason(peer); }
 

@@ -24,6 +24,10 @@ class Transport {
   // (progress was made) the sleep is skipped.
   virtual void sleep(Clock::time_point until, const std::function<bool()>& recheck) = 0;
 
+  // Whether Link::read_remote works towards every peer this transport
+  // reaches (checked by a probe read at connect time).
+  virtual bool can_read_remote() { return false; }
+
   // Interrupts a sleep() of this rank from another thread of this process
   // (new work was queued).
   virtual void wake() = 0;

@@ -4,6 +4,7 @@ torch.distributed.TCPStore (as torchrun sets it up) or any store passed in.
 """
 import json
 import os
+import secrets
 import socket
 from datetime import timedelta
 
@@ -11,7 +12,12 @@ from ringcomm.errors import RingcommError, TimeoutError
 
 
 def host_identity():
-    """hostname + boot id: ranks with equal identities share /dev/shm."""
+    """hostname + boot id: ranks with equal identities share /dev/shm.
+
+    Network namespaces (and containers sharing a kernel) see the same hostname
+    and boot id; set RINGCOMM_HOST_ID to tell them apart where they must talk
+    over TCP.
+    """
     override = os.environ.get("RINGCOMM_HOST_ID")
     if override:
         return override
@@ -21,6 +27,87 @@ def host_identity():
     except OSError:
         boot = "unknown-boot"
     return f"{socket.gethostname()}/{boot}"
+
+
+def draw_secret():
+    """The secret every TCP connection of a communicator presents first (hex)."""
+    return secrets.token_hex(32)
+
+
+def socket_address(store=None):
+    """The IP address this rank listens on and advertises to its TCP peers.
+
+    RINGCOMM_SOCKET_IFNAME names the interface (a comma list: the first that
+    has an IPv4 address), as GLOO_SOCKET_IFNAME does; otherwise the source
+    address of the route to the rendezvous host (MASTER_ADDR, else the
+    store's host, else this hostname's address), which is right inside
+    network namespaces and containers too; loopback as the last resort.
+    """
+    names = os.environ.get("RINGCOMM_SOCKET_IFNAME", "").strip()
+    if names:
+        for name in (n.strip() for n in names.split(",")):
+            addr = _interface_address(name)
+            if addr:
+                return addr
+        try:
+            present = ", ".join(n for _, n in socket.if_nameindex())
+        except OSError:
+            present = "?"
+        raise RingcommError(
+            f"ringcomm: RINGCOMM_SOCKET_IFNAME={names!r}: no such interface with an IPv4 address "
+            f"on this host (interfaces: {present})"
+        )
+    for host in _rendezvous_hosts(store):
+        addr = _route_source(host)
+        if addr:
+            return addr
+    return "127.0.0.1"
+
+
+def _interface_address(name):
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _rendezvous_hosts(store):
+    hosts = []
+    if os.environ.get("MASTER_ADDR"):
+        hosts.append(os.environ["MASTER_ADDR"])
+    seen = 0
+    while store is not None and seen < 8:  # PrefixStore wraps the TCPStore
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            hosts.append(host)
+            break
+        store = getattr(store, "underlying_store", None)
+        seen += 1
+    hosts.append(socket.gethostname())
+    return hosts
+
+
+def _route_source(host):
+    """This host's address on the route to `host` (no packet is sent)."""
+    try:
+        infos = socket.getaddrinfo(host, 9, 0, socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    infos.sort(key=lambda i: i[0] != socket.AF_INET)  # IPv4 first
+    for family, _, _, _, addr in infos:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect(addr)
+                return s.getsockname()[0]
+            except OSError:
+                continue
+    return None
 
 
 def env_int(name):

@@ -13,7 +13,7 @@ _default = None
 _generation = 0
 
 
-def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None):
+def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, transport=None):
     """Creates a communicator over all ranks and makes it the default.
 
     Every keyword is optional: rank and world_size come from RANK and
@@ -21,9 +21,12 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None):
     as torchrun sets them up), timeout (seconds or timedelta) from
     RINGCOMM_TIMEOUT (default 300 s). `store` may be any torch.distributed
     Store. `algo` forces the all_reduce algorithm (auto, ring, oneshot).
+    `transport` (or RINGCOMM_TRANSPORT): "auto" uses shared memory between
+    ranks of one host and TCP between hosts; "tcp" uses TCP for every peer;
+    "shm" refuses ranks on other hosts.
     """
     global _default, _generation
-    config = make_config(timeout, algo)
+    config = make_config(timeout, algo, transport)
     rank = bootstrap.env_int("RANK") if rank is None else int(rank)
     world_size = bootstrap.env_int("WORLD_SIZE") if world_size is None else int(world_size)
     if world_size < 1:

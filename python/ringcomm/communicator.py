@@ -5,6 +5,8 @@ order they were issued and all ranks must issue the same calls; with
 async_op=True a call returns a Work at once and runs on the communicator's
 worker thread.
 """
+import os
+
 from ringcomm import _C, bootstrap
 from ringcomm.errors import RingcommError
 from ringcomm.reduce_op import ReduceOp, op_value
@@ -30,29 +32,64 @@ class Communicator:
                 "slot_bytes": config.slot_bytes,
                 "nslots": config.nslots,
                 "ranks": ranks,
+                "transport": config.transport,
             }
+            if config.transport != "shm" and world_size > 1:
+                # Who is on another host is only known after the exchange, so
+                # every rank listens (and rank 0 draws the secret) up front.
+                addr = bootstrap.socket_address(store)
+                info["tcp"] = [addr, native.listen_tcp(addr)]
+                if rank == 0:
+                    info["secret"] = bootstrap.draw_secret()
             infos = bootstrap.exchange(store, prefix, rank, world_size, info, config.timeout_s)
             self._check_peers(rank, info, infos)
-            native.connect([i["segment"] if r != rank else "" for r, i in enumerate(infos)])
+            tcp = [r != rank and "tcp" in info and (config.transport == "tcp" or i["host"] != info["host"])
+                   for r, i in enumerate(infos)]
+            native.connect([i["segment"] if r != rank and not tcp[r] else "" for r, i in enumerate(infos)])
+            if "tcp" in info:
+                native.connect_tcp([i["tcp"][0] if tcp[r] else "" for r, i in enumerate(infos)],
+                                   [int(i["tcp"][1]) if tcp[r] else 0 for r, i in enumerate(infos)],
+                                   bytes.fromhex(infos[0]["secret"]))
             # Once every peer has mapped every segment the names can go: a
             # crash after this point leaves nothing behind in /dev/shm.
             bootstrap.barrier(store, prefix, "mapped", rank, world_size, config.timeout_s)
             native.unlink_segment()
+            # Single-copy pull schedules need every rank able to read every
+            # peer's memory; all ranks must agree, or their schedules differ.
+            can_pull = config.pull and native.probe_pull()
+            pulls = bootstrap.exchange(store, f"{prefix}/pull", rank, world_size, can_pull, config.timeout_s)
+            native.set_pull(all(pulls))
+            self._tune_waiting(native, info, infos, config)
         except BaseException:
             native.close()
             raise
         self._native = native
 
     @staticmethod
+    def _tune_waiting(native, mine, infos, config):
+        """No busy spinning when this host runs more ranks than it has cores
+        (unless RINGCOMM_SPIN_US says otherwise): a spinning rank would only
+        keep the peer it waits for off the CPU."""
+        if os.environ.get("RINGCOMM_SPIN_US"):
+            return
+        local = sum(1 for i in infos if i["host"] == mine["host"])
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        if local > cores:
+            native.set_wait(0.0, config.yield_us)
+
+    @staticmethod
     def _check_peers(rank, mine, infos):
         for r, other in enumerate(infos):
-            if other["host"] != mine["host"]:
+            if other["host"] != mine["host"] and mine["transport"] == "shm":
                 raise RingcommError(
-                    f"ringcomm: rank {r} runs on host {other['host']!r}, rank {rank} on {mine['host']!r}: "
-                    "this build connects ranks of one host only (shared memory); the TCP transport "
-                    "for several hosts is not available yet"
+                    f"ringcomm: rank {r} runs on host {other['host']!r}, rank {rank} on {mine['host']!r}, "
+                    "but the transport is shm (shared memory, one host only): use RINGCOMM_TRANSPORT=auto "
+                    "or tcp"
                 )
-            for key in ("slot_bytes", "nslots", "ranks"):
+            for key in ("slot_bytes", "nslots", "ranks", "transport"):
                 if other[key] != mine[key]:
                     raise ValueError(
                         f"ringcomm: ranks disagree on {key}: rank {r} has {other[key]!r}, "
@@ -67,6 +104,17 @@ class Communicator:
     @property
     def world_size(self):
         return self._native.world_size
+
+    @property
+    def pull_enabled(self):
+        """Whether large messages move by single-copy pulls (cross-memory attach)."""
+        return self._native.pull_enabled
+
+    @property
+    def transports(self):
+        """How this rank reaches each rank: "shm", "tcp" ("self" for itself)."""
+        native = self._c()
+        return [native.transport_of(r) for r in range(native.world_size)]
 
     @property
     def timeout(self):
@@ -95,44 +143,54 @@ class Communicator:
     # -- collectives ----------------------------------------------------------
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         """Reduces `tensor` across ranks, in place on every rank."""
-        return self._track(self._c().all_reduce(tensor, op_value(op), async_op), tensor)
+        w = self._c().all_reduce(tensor, op_value(op), async_op)
+        return w if w is None else self._track(w, tensor)
 
     def reduce_scatter(self, output, input, op=ReduceOp.SUM, async_op=False):
         """output <- block `rank` of the reduction of every rank's input
         (input holds world_size * len(output) elements)."""
-        return self._track(self._c().reduce_scatter(output, input, op_value(op), async_op), output, input)
+        w = self._c().reduce_scatter(output, input, op_value(op), async_op)
+        return w if w is None else self._track(w, output, input)
 
     def all_gather(self, output, input, async_op=False):
         """output <- every rank's input, in rank order (world_size * len(input))."""
-        return self._track(self._c().all_gather(output, input, async_op), output, input)
+        w = self._c().all_gather(output, input, async_op)
+        return w if w is None else self._track(w, output, input)
 
     def broadcast(self, tensor, src=0, async_op=False):
         """tensor <- src's tensor, on every rank."""
-        return self._track(self._c().broadcast(tensor, int(src), async_op), tensor)
+        w = self._c().broadcast(tensor, int(src), async_op)
+        return w if w is None else self._track(w, tensor)
 
     def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
         """dst's tensor <- the reduction of every rank's tensor (others unchanged)."""
-        return self._track(self._c().reduce(tensor, int(dst), op_value(op), async_op), tensor)
+        w = self._c().reduce(tensor, int(dst), op_value(op), async_op)
+        return w if w is None else self._track(w, tensor)
 
     def scatter(self, output, input=None, src=0, async_op=False):
         """output <- block `rank` of src's input (input is only read on src)."""
-        return self._track(self._c().scatter(output, input, int(src), async_op), output, input)
+        w = self._c().scatter(output, input, int(src), async_op)
+        return w if w is None else self._track(w, output, input)
 
     def gather(self, output, input, dst=0, async_op=False):
         """dst's output <- every rank's input in rank order (output only used on dst)."""
-        return self._track(self._c().gather(output, input, int(dst), async_op), output, input)
+        w = self._c().gather(output, input, int(dst), async_op)
+        return w if w is None else self._track(w, output, input)
 
     def all_to_all(self, output, input, async_op=False):
         """Block i of input goes to rank i; block j of output comes from rank j."""
-        return self._track(self._c().all_to_all(output, input, async_op), output, input)
+        w = self._c().all_to_all(output, input, async_op)
+        return w if w is None else self._track(w, output, input)
 
     def send(self, tensor, dst, async_op=False):
         """Sends tensor to rank dst (async_op=True: isend)."""
-        return self._track(self._c().send(tensor, int(dst), async_op), tensor)
+        w = self._c().send(tensor, int(dst), async_op)
+        return w if w is None else self._track(w, tensor)
 
     def recv(self, tensor, src, async_op=False):
         """Receives into tensor from rank src (async_op=True: irecv)."""
-        return self._track(self._c().recv(tensor, int(src), async_op), tensor)
+        w = self._c().recv(tensor, int(src), async_op)
+        return w if w is None else self._track(w, tensor)
 
     def isend(self, tensor, dst):
         return self.send(tensor, dst, async_op=True)
@@ -142,7 +200,8 @@ class Communicator:
 
     def barrier(self, async_op=False):
         """Returns once every rank has entered the barrier."""
-        return self._track(self._c().barrier(async_op))
+        w = self._c().barrier(async_op)
+        return w if w is None else self._track(w)
 
     # -- groups and lifetime --------------------------------------------------
     def split(self, ranks):

@@ -2,13 +2,18 @@
 variables, then defaults.
 
 RINGCOMM_TIMEOUT           seconds any blocking wait may take (default 300)
-RINGCOMM_ALGO              all_reduce algorithm: auto | ring | oneshot
+RINGCOMM_ALGO              all_reduce algorithm: auto | ring | oneshot | pull
+RINGCOMM_PULL              0 disables single-copy pull schedules (default 1)
+RINGCOMM_PULL_MIN_BYTES    auto: smallest message sent by pull (default 262144)
 RINGCOMM_ONESHOT_MAX_BYTES auto: largest all_reduce done one-shot (default 65536)
 RINGCOMM_SLOT_BYTES        bytes per pipelined segment (default 131072)
 RINGCOMM_SLOTS             segments in flight per peer (default 16, at least 3)
 RINGCOMM_SPIN_US           microseconds a waiting rank spins before it yields
 RINGCOMM_YIELD_US          microseconds it yields before it sleeps
 RINGCOMM_HOST_ID           overrides the host identity (hostname + boot id)
+RINGCOMM_TRANSPORT         auto (shared memory on one host, TCP between hosts) | shm | tcp (every peer)
+RINGCOMM_SOCKET_IFNAME     interface(s) TCP listens on and advertises, e.g. eth0 (comma list; default:
+                           the address that routes to MASTER_ADDR / the store's host)
 """
 import os
 
@@ -16,7 +21,8 @@ from ringcomm import _C
 from ringcomm.work import seconds
 
 DEFAULT_TIMEOUT_S = 300.0
-ALGOS = ("auto", "ring", "oneshot")
+ALGOS = ("auto", "ring", "oneshot", "pull")
+TRANSPORTS = ("auto", "shm", "tcp")
 
 
 def _env(name, convert, default):
@@ -29,9 +35,12 @@ def _env(name, convert, default):
         raise ValueError(f"environment variable {name}={raw!r} is not a valid {convert.__name__}") from None
 
 
-def make_config(timeout=None, algo=None):
+def make_config(timeout=None, algo=None, transport=None):
     """The native Config for a new communicator."""
     cfg = _C.Config()
+    cfg.transport = transport if transport is not None else _env("RINGCOMM_TRANSPORT", str, "auto")
+    if cfg.transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {cfg.transport!r}")
     t = seconds(timeout)
     cfg.timeout_s = t if t is not None else _env("RINGCOMM_TIMEOUT", float, DEFAULT_TIMEOUT_S)
     if cfg.timeout_s <= 0:
@@ -40,6 +49,8 @@ def make_config(timeout=None, algo=None):
     if cfg.algo not in ALGOS:
         raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {cfg.algo!r}")
     cfg.oneshot_max_bytes = _env("RINGCOMM_ONESHOT_MAX_BYTES", int, cfg.oneshot_max_bytes)
+    cfg.pull = _env("RINGCOMM_PULL", int, 1) != 0
+    cfg.pull_min_bytes = _env("RINGCOMM_PULL_MIN_BYTES", int, cfg.pull_min_bytes)
     cfg.slot_bytes = _env("RINGCOMM_SLOT_BYTES", int, cfg.slot_bytes)
     if cfg.slot_bytes < 64 or cfg.slot_bytes % 64 or cfg.slot_bytes > (1 << 30):
         raise ValueError(f"RINGCOMM_SLOT_BYTES must be a multiple of 64 between 64 and 1 GiB, got {cfg.slot_bytes}")

@@ -89,6 +89,8 @@ Segment Segment::create(int world, int rank, size_t slot_bytes, int nslots) {
   ctl->nslots = static_cast<uint32_t>(nslots);
   ctl->slot_bytes = slot_bytes;
   ctl->slot_stride = s.stride_;
+  ctl->owner_pid = static_cast<int64_t>(::getpid());
+  ctl->owner_base = reinterpret_cast<uint64_t>(s.base_);
   for (int i = 0; i < world; ++i) new (s.fifo(i)) FifoControl();
   std::atomic_thread_fence(std::memory_order_release);
   ctl->magic = kSegmentMagic;

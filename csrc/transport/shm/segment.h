@@ -28,6 +28,8 @@ struct alignas(64) SegmentControl {
   uint32_t pad;
   uint64_t slot_bytes;
   uint64_t slot_stride;
+  int64_t owner_pid;    // the creating process, for cross-memory attach
+  uint64_t owner_base;  // where the segment sits in the owner's address space
   alignas(64) std::atomic<uint32_t> bell;      // bumped by peers that changed a FIFO
   alignas(64) std::atomic<uint32_t> sleeping;  // 1 while this rank waits on the bell
   alignas(64) std::atomic<uint32_t> aborted;
@@ -37,6 +39,10 @@ struct alignas(64) SegmentControl {
 struct alignas(64) FifoControl {
   alignas(64) std::atomic<uint64_t> tail;  // segments published by the sender
   alignas(64) std::atomic<uint64_t> head;  // segments released by the receiver
+  // In the inbox of rank s, fifo[p].pulled: the sequence number of the last
+  // point-to-point message of s that p finished reading directly (pull sends
+  // are acknowledged here, not in the FIFO, whose order p2p cannot fix).
+  alignas(64) std::atomic<uint64_t> pulled;
 };
 
 class Segment {

@@ -2,10 +2,13 @@
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include "ringcomm/types.h"
@@ -84,6 +87,41 @@ class ShmLink : public Link {
     return h;
   }
 
+  // Cross-memory attach: one copy from the peer's address space to ours.
+  void read_remote(void* dst, uint64_t remote_addr, size_t nbytes) override {
+    const pid_t pid = static_cast<pid_t>(peer_inbox_->control()->owner_pid);
+    char* out = static_cast<char*>(dst);
+    while (nbytes > 0) {
+      struct iovec local{out, nbytes};
+      struct iovec remote{reinterpret_cast<void*>(remote_addr), nbytes};
+      ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+      if (got <= 0) {
+        throw Error("ringcomm: reading rank " + std::to_string(peer_) + "'s buffer (pid " +
+                    std::to_string(pid) + ") failed: " + (got < 0 ? std::strerror(errno) : "no data"));
+      }
+      out += got;
+      remote_addr += static_cast<uint64_t>(got);
+      nbytes -= static_cast<size_t>(got);
+    }
+  }
+
+  void ack_pull(uint64_t seq) override {
+    peer_inbox_->fifo(rank_)->pulled.store(seq, std::memory_order_release);
+    ring(peer_inbox_->control());
+  }
+
+  uint64_t pulled() override { return inbox_->fifo(peer_)->pulled.load(std::memory_order_acquire); }
+
+  bool probe_read() {
+    const SegmentControl* ctl = peer_inbox_->control();
+    uint64_t magic = 0;
+    struct iovec local{&magic, sizeof magic};
+    struct iovec remote{reinterpret_cast<void*>(ctl->owner_base + offsetof(SegmentControl, magic)),
+                        sizeof magic};
+    ssize_t got = process_vm_readv(static_cast<pid_t>(ctl->owner_pid), &local, 1, &remote, 1, 0);
+    return got == static_cast<ssize_t>(sizeof magic) && magic == kSegmentMagic;
+  }
+
   void recv_release() override {
     in_->head.store(in_->head.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     ring(peer_inbox_->control());  // the sender may be waiting for a free slot
@@ -125,6 +163,14 @@ void ShmTransport::connect(const std::vector<std::string>& names) {
 }
 
 Link* ShmTransport::link(int peer) { return links_[peer].get(); }
+
+bool ShmTransport::probe_remote_read() {
+  remote_read_ok_ = true;
+  for (int p = 0; p < world_; ++p) {
+    if (links_[p] && !links_[p]->probe_read()) remote_read_ok_ = false;
+  }
+  return remote_read_ok_;
+}
 
 void ShmTransport::sleep(Clock::time_point until, const std::function<bool()>& recheck) {
   SegmentControl* ctl = inbox_.control();

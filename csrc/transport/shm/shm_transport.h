@@ -35,6 +35,10 @@ class ShmTransport : public Transport {
   Link* link(int peer) override;
   void sleep(Clock::time_point until, const std::function<bool()>& recheck) override;
   void wake() override;
+  // Probes process_vm_readv towards every mapped peer (it needs the same user
+  // and ptrace permission; containers often forbid it) and remembers the answer.
+  bool probe_remote_read();
+  bool can_read_remote() override { return remote_read_ok_; }
   void announce_abort(const std::string& why) override;
   std::string peer_abort_reason(int peer) override;
 
@@ -46,6 +50,7 @@ class ShmTransport : public Transport {
   Segment inbox_;
   std::vector<Segment> peers_;  // indexed by rank; empty for this rank
   std::vector<std::unique_ptr<ShmLink>> links_;
+  bool remote_read_ok_ = false;
 };
 
 }  // namespace ringcomm

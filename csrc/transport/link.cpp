@@ -1,0 +1,15 @@
+#include "transport/link.h"
+
+#include "ringcomm/types.h"
+
+namespace ringcomm {
+
+void Link::read_remote(void*, uint64_t, size_t) {
+  throw Error("ringcomm: this transport cannot read a peer's memory directly");
+}
+
+void Link::ack_pull(uint64_t) { throw Error("ringcomm: this transport has no pull acknowledgements"); }
+
+uint64_t Link::pulled() { throw Error("ringcomm: this transport has no pull acknowledgements"); }
+
+}  // namespace ringcomm

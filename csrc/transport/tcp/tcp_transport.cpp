@@ -1,0 +1,624 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "ringcomm/types.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/wire.h"
+
+namespace ringcomm {
+
+using tcp::FrameHeader;
+
+namespace {
+
+constexpr size_t kPageBytes = 4096;
+constexpr int kMaxIov = 64;
+constexpr uint64_t kEventKey = ~0ULL;
+// How long an ABORT frame may wait for room in the socket before the
+// connection is reset instead (a reset reaches the peer even when it reads
+// nothing).
+constexpr auto kAbortGrace = std::chrono::seconds(1);
+
+size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+// Printable text from bytes a peer sent.
+std::string printable(const std::string& s) {
+  std::string out = s;
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return out;
+}
+
+}  // namespace
+
+// One peer: the rings, the socket, and the I/O thread's progress on both.
+// Members marked (io) belong to the I/O thread; the atomics are shared with
+// the executor, which only calls the Link methods.
+class TcpLink : public Link {
+ public:
+  enum State : int { kOpen = 0, kPeerClosed = 1, kFailed = 2 };
+
+  TcpLink(TcpTransport* owner, int rank, int peer, tcp::Fd fd, size_t slot_bytes, int nslots)
+      : owner_(owner),
+        rank_(rank),
+        peer_(peer),
+        fd_(std::move(fd)),
+        name_(tcp::peer_name(fd_.get())),
+        slot_bytes_(slot_bytes),
+        n_(static_cast<uint64_t>(nslots)),
+        stride_(round_up(slot_bytes, kPageBytes) + kPageBytes),
+        out_hdr_(nslots),
+        in_hdr_(nslots) {
+    mem_bytes_ = 2 * n_ * stride_;
+    void* p = ::mmap(nullptr, mem_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      throw Error("ringcomm: cannot allocate " + std::to_string(mem_bytes_) + " bytes of TCP slots for rank " +
+                  std::to_string(peer) + ": " + tcp::errno_text(errno));
+    }
+    mem_ = static_cast<char*>(p);
+  }
+  ~TcpLink() override {
+    if (mem_) ::munmap(mem_, mem_bytes_);
+  }
+
+  size_t slot_bytes() const override { return slot_bytes_; }
+
+  char* send_slot(uint32_t page_offset) override {
+    check_local_abort();
+    const int st = state_.load(std::memory_order_acquire);
+    if (st == kPeerClosed) {
+      throw Error("ringcomm: rank " + std::to_string(peer_) + " closed its communicator; rank " +
+                  std::to_string(rank_) + " cannot send to it (did the ranks issue different calls?)");
+    }
+    if (st == kFailed) return nullptr;  // the executor reports peer_abort_reason()
+    const uint64_t tail = out_tail_.load(std::memory_order_relaxed);
+    if (tail - out_head_.load(std::memory_order_acquire) >= n_) return nullptr;
+    send_offset_ = page_offset % kPageBytes;
+    return out_data(tail) + send_offset_;
+  }
+
+  void send_commit(const MsgHeader& header) override {
+    const uint64_t tail = out_tail_.load(std::memory_order_relaxed);
+    FrameHeader& f = out_hdr_[tail % n_];
+    f = FrameHeader{};
+    f.type = tcp::kData;
+    f.nbytes = header.nbytes;
+    f.payload_offset = send_offset_;
+    f.segment = header.segment;
+    f.tag = header.tag;
+    out_tail_.store(tail + 1, std::memory_order_release);
+    owner_->notify_io();
+  }
+
+  const MsgHeader* recv_peek(const char** payload) override {
+    const uint64_t head = in_head_.load(std::memory_order_relaxed);
+    if (in_tail_.load(std::memory_order_acquire) == head) {
+      check_local_abort();
+      // Frames before the goodbye are published before the state changes:
+      // look at the ring again once the state says "closed".
+      if (state_.load(std::memory_order_acquire) == kPeerClosed &&
+          in_tail_.load(std::memory_order_acquire) == head) {
+        throw Error("ringcomm: rank " + std::to_string(peer_) + " closed its communicator while rank " +
+                    std::to_string(rank_) + " still expects data from it (did the ranks issue different calls?)");
+      }
+      return nullptr;
+    }
+    const MsgHeader* h = &in_hdr_[head % n_];
+    *payload = in_data(head) + h->payload_offset;
+    return h;
+  }
+
+  void recv_release() override {
+    in_head_.store(in_head_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    owner_->notify_io();  // the I/O thread may be waiting for room in a full ring
+  }
+
+  std::string failure() const {
+    return state_.load(std::memory_order_acquire) == kFailed ? reason_ : std::string();
+  }
+
+  void check_local_abort() const {
+    std::string why = owner_->local_abort();
+    if (!why.empty()) throw Error("ringcomm: rank " + std::to_string(rank_) + " aborted: " + why);
+  }
+
+  char* out_data(uint64_t i) const { return mem_ + (i % n_) * stride_; }
+  char* in_data(uint64_t i) const { return mem_ + (n_ + i % n_) * stride_; }
+
+  TcpTransport* const owner_;
+  const int rank_;
+  const int peer_;
+  tcp::Fd fd_;  // (io) after connect
+  const std::string name_;
+  const size_t slot_bytes_;
+  const uint64_t n_;
+  const size_t stride_;
+  char* mem_ = nullptr;  // out slots, then in slots
+  size_t mem_bytes_ = 0;
+  std::vector<FrameHeader> out_hdr_;
+  std::vector<MsgHeader> in_hdr_;
+
+  alignas(64) std::atomic<uint64_t> out_tail_{0};  // committed by the executor
+  alignas(64) std::atomic<uint64_t> out_head_{0};  // sent by the I/O thread
+  alignas(64) std::atomic<uint64_t> in_tail_{0};   // received by the I/O thread
+  alignas(64) std::atomic<uint64_t> in_head_{0};   // released by the executor
+  std::atomic<int> state_{kOpen};
+  std::string reason_;  // written once by the I/O thread, before state_ becomes kFailed
+
+  uint32_t send_offset_ = 0;  // executor: page offset of the slot being filled
+
+  // (io) sending
+  bool out_ready_ = true;       // the socket took everything so far (edge-triggered epoll)
+  size_t woff_ = 0;             // bytes of frame out_head_ already sent
+  std::string ctrl_;            // ABORT / CLOSE frame to send at the next frame boundary
+  size_t coff_ = 0;
+  bool abort_queued_ = false;
+  bool close_queued_ = false;
+  bool done_writing_ = false;   // goodbye or abort sent (write side shut), or the link failed
+  Clock::time_point abort_deadline_;
+  // (io) receiving
+  bool in_ready_ = true;
+  bool eof_ = false;
+  enum { kHeader, kPayload, kReason, kSkip } rstate_ = kHeader;
+  FrameHeader rhdr_;
+  size_t rgot_ = 0;
+  char* rdst_ = nullptr;
+  size_t rleft_ = 0;
+  std::string rreason_;
+};
+
+TcpTransport::TcpTransport(int rank, int world, size_t slot_bytes, int nslots, Transport* home)
+    : rank_(rank), world_(world), slot_bytes_(slot_bytes), nslots_(nslots), home_(home), links_(world) {}
+
+TcpTransport::~TcpTransport() {
+  try {
+    close(Clock::now());
+  } catch (...) {
+  }
+}
+
+int TcpTransport::listen(const std::string& host) {
+  int port = 0;
+  listener_ = tcp::listen_on(host, &port);
+  return port;
+}
+
+bool TcpTransport::reaches(int peer) const { return peer >= 0 && peer < world_ && links_[peer] != nullptr; }
+
+void TcpTransport::connect(const std::vector<std::string>& hosts, const std::vector<int>& ports,
+                           const std::string& secret, Clock::time_point deadline) {
+  if (static_cast<int>(hosts.size()) != world_ || static_cast<int>(ports.size()) != world_) {
+    throw ValueError("ringcomm: connect_tcp: expected " + std::to_string(world_) + " hosts and ports");
+  }
+  if (secret.size() != tcp::kSecretBytes) {
+    throw ValueError("ringcomm: connect_tcp: the secret must be " + std::to_string(tcp::kSecretBytes) +
+                     " bytes, got " + std::to_string(secret.size()));
+  }
+  if (io_.joinable()) throw Error("ringcomm: the TCP transport is already connected");
+  const tcp::Identity me{rank_, world_, slot_bytes_, nslots_, secret};
+  std::vector<tcp::Fd> fds(world_);
+  std::vector<bool> expected(world_, false);
+  // Lower ranks accept and higher ranks dial: rank k dials 0..k-1 one by one,
+  // each of which answers once it has dialled its own lower ranks, so the
+  // chain always ends at rank 0, which only accepts.
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || hosts[p].empty()) continue;
+    if (p < rank_) {
+      fds[p] = tcp::dial(me, p, hosts[p], ports[p], deadline);
+    } else {
+      expected[p] = true;
+    }
+  }
+  if (std::find(expected.begin(), expected.end(), true) != expected.end()) {
+    if (!listener_.valid()) throw Error("ringcomm: connect_tcp before listen_tcp");
+    std::vector<tcp::Fd> accepted = tcp::accept_peers(listener_.get(), me, expected, deadline);
+    for (int p = 0; p < world_; ++p) {
+      if (expected[p]) fds[p] = std::move(accepted[p]);
+    }
+  }
+  listener_.reset();  // every peer is connected: nobody else may
+  epoll_ = tcp::Fd(::epoll_create1(EPOLL_CLOEXEC));
+  event_ = tcp::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!epoll_.valid() || !event_.valid()) throw Error("ringcomm: epoll / eventfd: " + tcp::errno_text(errno));
+  struct epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kEventKey;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, event_.get(), &ev);
+  for (int p = 0; p < world_; ++p) {
+    if (!fds[p].valid()) continue;
+    links_[p] = std::make_unique<TcpLink>(this, rank_, p, std::move(fds[p]), slot_bytes_, nslots_);
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    ev.data.u64 = static_cast<uint64_t>(p);
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, links_[p]->fd_.get(), &ev) != 0) {
+      throw Error("ringcomm: epoll_ctl: " + tcp::errno_text(errno));
+    }
+  }
+  io_ = std::thread([this] { io_loop(); });
+}
+
+Link* TcpTransport::link(int peer) { return links_[peer].get(); }
+
+void TcpTransport::notify_io() {
+  // Pairs with the fence in io_loop: either the I/O thread sees the new
+  // counters in has_work(), or we see its sleeping flag here.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (io_sleeping_.load(std::memory_order_relaxed) && event_.valid()) {
+    uint64_t one = 1;
+    ssize_t r = ::write(event_.get(), &one, sizeof one);
+    (void)r;
+  }
+}
+
+std::string TcpTransport::local_abort() const {
+  if (!aborted_.load(std::memory_order_acquire)) return {};
+  std::lock_guard<std::mutex> lk(mu_);
+  return abort_reason_;
+}
+
+void TcpTransport::announce_abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (aborted_.load()) return;
+    abort_reason_ = why.empty() ? "aborted" : why;
+    aborted_.store(true, std::memory_order_release);
+  }
+  if (event_.valid()) {
+    uint64_t one = 1;
+    ssize_t r = ::write(event_.get(), &one, sizeof one);
+    (void)r;
+  }
+}
+
+std::string TcpTransport::peer_abort_reason(int peer) {
+  if (!reaches(peer)) return {};
+  return links_[peer]->failure();
+}
+
+void TcpTransport::fail_link(TcpLink& l, const std::string& why) {
+  if (l.state_.load(std::memory_order_relaxed) != TcpLink::kFailed) {
+    l.reason_ = why;
+    l.state_.store(TcpLink::kFailed, std::memory_order_release);
+  }
+  l.done_writing_ = true;
+  home_->wake();
+}
+
+// The stream from `l` ended (err == 0: orderly, otherwise errno).
+void TcpTransport::on_eof(TcpLink& l, int err) {
+  l.eof_ = true;
+  l.in_ready_ = false;
+  if (stop_.load(std::memory_order_relaxed) || aborted_.load(std::memory_order_relaxed)) return;
+  if (l.state_.load(std::memory_order_relaxed) != TcpLink::kOpen) return;  // after its goodbye or abort
+  const std::string who = "rank " + std::to_string(l.peer_) + " (" + l.name_ + ")";
+  if (err != 0) {
+    fail_link(l, "its TCP connection to rank " + std::to_string(rank_) + " failed: " + tcp::errno_text(err) +
+                     " (did the process of " + who + " die?)");
+  } else if (l.rstate_ != TcpLink::kHeader || l.rgot_ != 0) {
+    fail_link(l, "the TCP stream from " + who + " ended in the middle of a frame (truncated)");
+  } else {
+    fail_link(l, "its TCP connection to rank " + std::to_string(rank_) +
+                     " closed without a goodbye (did the process of " + who + " die?)");
+  }
+}
+
+// Sends queued frames until the socket is full. Returns whether bytes moved.
+bool TcpTransport::pump_out(TcpLink& l) {
+  if (!l.fd_.valid() || l.done_writing_ || !l.out_ready_) return false;
+  const bool aborting = aborted_.load(std::memory_order_relaxed);
+  bool moved = false;
+  for (int round = 0; round < 8; ++round) {
+    struct iovec iov[kMaxIov];
+    int n = 0;
+    const bool ctrl = l.woff_ == 0 && l.coff_ < l.ctrl_.size();
+    const uint64_t head = l.out_head_.load(std::memory_order_relaxed);
+    if (ctrl) {
+      iov[n++] = {&l.ctrl_[l.coff_], l.ctrl_.size() - l.coff_};
+    } else {
+      // After an abort only a partly sent frame is finished (the peer's
+      // parser must reach the ABORT frame); everything else is dropped.
+      const uint64_t tail = aborting ? (l.woff_ ? head + 1 : head) : l.out_tail_.load(std::memory_order_acquire);
+      size_t skip = l.woff_;
+      for (uint64_t i = head; i < tail && n + 2 <= kMaxIov; ++i) {
+        FrameHeader& f = l.out_hdr_[i % l.n_];
+        if (skip < sizeof f) {
+          iov[n++] = {reinterpret_cast<char*>(&f) + skip, sizeof f - skip};
+          skip = 0;
+        } else {
+          skip -= sizeof f;
+        }
+        if (f.nbytes > skip) iov[n++] = {l.out_data(i) + f.payload_offset + skip, f.nbytes - skip};
+        skip = 0;
+      }
+    }
+    if (n == 0) break;
+    struct msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t put = ::sendmsg(l.fd_.get(), &msg, MSG_NOSIGNAL);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        l.out_ready_ = false;
+      } else {
+        on_eof(l, errno);
+        l.done_writing_ = true;
+      }
+      break;
+    }
+    moved = true;
+    if (ctrl) {
+      l.coff_ += static_cast<size_t>(put);
+      if (l.coff_ == l.ctrl_.size()) {
+        // ABORT and CLOSE are the last frames: the peer reads EOF next.
+        ::shutdown(l.fd_.get(), SHUT_WR);
+        l.done_writing_ = true;
+      }
+      continue;
+    }
+    size_t left = static_cast<size_t>(put);
+    uint64_t h = head;
+    while (left > 0) {
+      const size_t rest = sizeof(FrameHeader) + l.out_hdr_[h % l.n_].nbytes - l.woff_;
+      if (left < rest) {
+        l.woff_ += left;
+        break;
+      }
+      left -= rest;
+      l.woff_ = 0;
+      ++h;
+    }
+    if (h != head) {
+      l.out_head_.store(h, std::memory_order_release);
+      home_->wake();  // the executor may wait for a free slot
+    }
+  }
+  return moved;
+}
+
+// Reads frames into free slots until the socket is empty or the ring full.
+// Returns whether bytes moved.
+bool TcpTransport::pump_in(TcpLink& l) {
+  if (!l.fd_.valid() || l.eof_ || !l.in_ready_) return false;
+  // Closing or aborted: nobody consumes any more; keep the stream moving so
+  // the peer's writes (and its ABORT or CLOSE frame) get through.
+  const bool discard = stop_.load(std::memory_order_relaxed) || aborted_.load(std::memory_order_relaxed);
+  static thread_local char sink[65536];
+  bool moved = false, published = false;
+  for (int frames = 0; frames < 256;) {
+    char* dst = nullptr;
+    size_t want = 0;
+    // A frame is only started with a free slot for it (a release wakes us).
+    if (l.rstate_ == TcpLink::kHeader && !discard &&
+        l.in_tail_.load(std::memory_order_relaxed) - l.in_head_.load(std::memory_order_acquire) >= l.n_) {
+      break;
+    }
+    switch (l.rstate_) {
+      case TcpLink::kHeader:
+        dst = reinterpret_cast<char*>(&l.rhdr_) + l.rgot_;
+        want = sizeof(FrameHeader) - l.rgot_;
+        break;
+      case TcpLink::kPayload:
+        dst = l.rdst_;
+        want = l.rleft_;
+        break;
+      case TcpLink::kReason:
+        dst = &l.rreason_[l.rreason_.size() - l.rleft_];
+        want = l.rleft_;
+        break;
+      case TcpLink::kSkip:
+        dst = sink;
+        want = std::min(l.rleft_, sizeof sink);
+        break;
+    }
+    ssize_t got = ::recv(l.fd_.get(), dst, want, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      l.in_ready_ = false;
+      break;
+    }
+    if (got <= 0) {
+      on_eof(l, got < 0 ? errno : 0);
+      moved = true;
+      break;
+    }
+    moved = true;
+    const size_t n = static_cast<size_t>(got);
+    if (l.rstate_ == TcpLink::kHeader) {
+      l.rgot_ += n;
+      if (l.rgot_ < sizeof(FrameHeader)) continue;
+      l.rgot_ = 0;
+      const FrameHeader& f = l.rhdr_;
+      std::string why = tcp::check_frame(f, slot_bytes_);
+      if (why.empty() && l.state_.load(std::memory_order_relaxed) == TcpLink::kPeerClosed) {
+        why = "a frame after its goodbye";
+      }
+      if (!why.empty()) {
+        // Nothing after a bad header can be trusted: stop reading and hang up.
+        if (!discard) {
+          fail_link(l, "rank " + std::to_string(l.peer_) + " (" + l.name_ + ") sent rank " +
+                           std::to_string(rank_) + " something that is not a valid ringcomm frame over TCP: " +
+                           why + "; the connection was closed");
+        }
+        ::shutdown(l.fd_.get(), SHUT_RDWR);
+        l.eof_ = true;
+        break;
+      }
+      if (f.type == tcp::kData) {
+        if (discard) {
+          l.rleft_ = f.nbytes;
+          l.rstate_ = f.nbytes ? TcpLink::kSkip : TcpLink::kHeader;
+          continue;
+        }
+        const uint64_t slot = l.in_tail_.load(std::memory_order_relaxed);
+        MsgHeader& m = l.in_hdr_[slot % l.n_];
+        m.tag = f.tag;
+        m.nbytes = f.nbytes;
+        m.payload_offset = f.payload_offset;
+        m.segment = f.segment;
+        l.rdst_ = l.in_data(slot) + f.payload_offset;
+        l.rleft_ = f.nbytes;
+        l.rstate_ = TcpLink::kPayload;
+      } else if (f.type == tcp::kAbort) {
+        l.rreason_.assign(f.nbytes, '\0');
+        l.rleft_ = f.nbytes;
+        l.rstate_ = TcpLink::kReason;
+      } else {  // kClose
+        int open = TcpLink::kOpen;
+        l.state_.compare_exchange_strong(open, TcpLink::kPeerClosed, std::memory_order_release);
+        home_->wake();
+        continue;
+      }
+      if (l.rleft_ != 0) continue;
+    } else {
+      if (l.rstate_ == TcpLink::kPayload) l.rdst_ += n;
+      l.rleft_ -= n;
+      if (l.rleft_ != 0) continue;
+    }
+    // A frame is complete.
+    if (l.rstate_ == TcpLink::kPayload) {
+      l.in_tail_.store(l.in_tail_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      published = true;
+      ++frames;
+    } else if (l.rstate_ == TcpLink::kReason) {
+      fail_link(l, printable(l.rreason_.empty() ? "aborted" : l.rreason_));
+    }
+    l.rstate_ = TcpLink::kHeader;
+  }
+  if (published) home_->wake();
+  return moved;
+}
+
+bool TcpTransport::has_work() const {
+  const bool aborting = aborted_.load(std::memory_order_relaxed);
+  const bool discard = aborting || stop_.load(std::memory_order_relaxed);
+  for (const auto& lp : links_) {
+    if (!lp || !lp->fd_.valid()) continue;
+    const TcpLink& l = *lp;
+    if (l.out_ready_ && !l.done_writing_) {
+      if (l.woff_ || l.coff_ < l.ctrl_.size()) return true;
+      if (!aborting && l.out_tail_.load(std::memory_order_acquire) != l.out_head_.load(std::memory_order_relaxed)) {
+        return true;
+      }
+    }
+    if (l.in_ready_ && !l.eof_ &&
+        (discard || l.in_tail_.load(std::memory_order_relaxed) - l.in_head_.load(std::memory_order_acquire) < l.n_)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void TcpTransport::io_loop() {
+  struct epoll_event evs[64];
+  for (;;) {
+    const bool stopping = stop_.load(std::memory_order_acquire);
+    const bool aborting = aborted_.load(std::memory_order_acquire);
+    const Clock::time_point now = Clock::now();
+    bool moved = false;
+    bool finished = true;  // every link said goodbye or is gone
+    bool timed = stopping;  // something has a deadline: wake up now and then
+    for (auto& lp : links_) {
+      if (!lp || !lp->fd_.valid()) continue;
+      TcpLink& l = *lp;
+      if (aborting && !l.abort_queued_) {
+        l.abort_queued_ = true;
+        l.abort_deadline_ = now + kAbortGrace;
+        if (!l.done_writing_ && l.coff_ == 0) {
+          std::string why = local_abort().substr(0, tcp::kMaxReasonBytes);
+          FrameHeader f;
+          f.type = tcp::kAbort;
+          f.nbytes = static_cast<uint32_t>(why.size());
+          l.ctrl_.assign(reinterpret_cast<const char*>(&f), sizeof f);
+          l.ctrl_ += why;
+        }
+      }
+      if (stopping && !aborting && !l.close_queued_ && l.ctrl_.empty() && l.woff_ == 0 &&
+          l.out_head_.load(std::memory_order_relaxed) == l.out_tail_.load(std::memory_order_acquire)) {
+        l.close_queued_ = true;  // everything queued is in the kernel: say goodbye
+        FrameHeader f;
+        f.type = tcp::kClose;
+        l.ctrl_.assign(reinterpret_cast<const char*>(&f), sizeof f);
+      }
+      moved |= pump_out(l);
+      moved |= pump_in(l);
+      if (l.abort_queued_ && !l.done_writing_ && now > l.abort_deadline_) {
+        // The peer does not read: a reset reaches it anyway.
+        struct linger lg{1, 0};
+        ::setsockopt(l.fd_.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        l.fd_.reset();
+        l.done_writing_ = l.eof_ = true;
+        continue;
+      }
+      if (l.abort_queued_ && !l.done_writing_) timed = true;
+      if (!l.done_writing_ && l.state_.load(std::memory_order_relaxed) != TcpLink::kFailed) finished = false;
+    }
+    if (stopping && (finished || Clock::now() >= close_deadline_)) return;
+    if (moved) continue;
+    io_sleeping_.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (has_work()) {
+      io_sleeping_.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    int n = ::epoll_wait(epoll_.get(), evs, 64, timed ? 10 : -1);
+    io_sleeping_.store(0, std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) {
+      if (evs[i].data.u64 == kEventKey) {
+        uint64_t v;
+        ssize_t r = ::read(event_.get(), &v, sizeof v);
+        (void)r;
+        continue;
+      }
+      TcpLink* l = links_[evs[i].data.u64].get();
+      if (!l || !l->fd_.valid()) continue;
+      const uint32_t e = evs[i].events;
+      if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) l->in_ready_ = true;
+      if (e & (EPOLLOUT | EPOLLHUP | EPOLLERR)) l->out_ready_ = true;
+      if (e & EPOLLERR) {
+        // A reset shows here even while a full ring keeps us from reading.
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(l->fd_.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err) on_eof(*l, err);
+      }
+    }
+  }
+}
+
+void TcpTransport::close(Clock::time_point deadline) {
+  if (io_.joinable()) {
+    close_deadline_ = deadline;
+    stop_.store(true, std::memory_order_release);
+    uint64_t one = 1;
+    ssize_t r = ::write(event_.get(), &one, sizeof one);
+    (void)r;
+    io_.join();
+  }
+  shutdown_links();
+  listener_.reset();
+}
+
+// Closes the sockets. Unread bytes would make close() send a reset, which
+// can destroy data the peer has not read yet: read them first.
+void TcpTransport::shutdown_links() {
+  char sink[4096];
+  for (auto& lp : links_) {
+    if (!lp || !lp->fd_.valid()) continue;
+    for (int i = 0; i < 256 && ::recv(lp->fd_.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+    }
+    lp->fd_.reset();
+  }
+}
+
+}  // namespace ringcomm

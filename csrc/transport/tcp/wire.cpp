@@ -1,0 +1,64 @@
+#include "transport/tcp/wire.h"
+
+namespace ringcomm {
+namespace tcp {
+namespace {
+
+std::string num(uint64_t v) { return std::to_string(v); }
+
+std::string hex32(uint32_t v) {
+  static const char* digits = "0123456789abcdef";
+  std::string s = "0x";
+  for (int i = 28; i >= 0; i -= 4) s += digits[(v >> i) & 15];
+  return s;
+}
+
+}  // namespace
+
+std::string check_hello(const Hello& h, int me, int world, int expect_from, size_t slot_bytes, int nslots) {
+  if (h.magic != kHelloMagic) return "not a ringcomm connection (bad magic)";
+  if (h.version != kWireVersion || h.frame_bytes != sizeof(FrameHeader)) {
+    return "wire version " + num(h.version) + " / frame size " + num(h.frame_bytes) + ", expected " +
+           num(kWireVersion) + " / " + num(sizeof(FrameHeader)) + " (a different ringcomm build?)";
+  }
+  if (h.world != world) return "world size " + std::to_string(h.world) + ", expected " + std::to_string(world);
+  if (h.to != me) return "addressed to rank " + std::to_string(h.to) + ", this is rank " + std::to_string(me);
+  if (h.from < 0 || h.from >= world || h.from == me) return "from rank " + std::to_string(h.from) + ", out of range";
+  if (expect_from >= 0 && h.from != expect_from) {
+    return "from rank " + std::to_string(h.from) + ", expected rank " + std::to_string(expect_from);
+  }
+  if (h.slot_bytes != slot_bytes || h.nslots != static_cast<uint32_t>(nslots)) {
+    return "slots of " + num(h.slot_bytes) + " bytes x " + num(h.nslots) + ", expected " + num(slot_bytes) +
+           " x " + num(static_cast<uint64_t>(nslots));
+  }
+  return {};
+}
+
+std::string check_frame(const FrameHeader& f, size_t slot_bytes) {
+  if (f.magic != kFrameMagic) return "bad frame magic " + hex32(f.magic) + " (not a ringcomm frame)";
+  switch (f.type) {
+    case kData:
+      if (f.nbytes > slot_bytes) {
+        return "a segment of " + num(f.nbytes) + " bytes, larger than the " + num(slot_bytes) + "-byte slots";
+      }
+      if (f.payload_offset > kMaxPayloadOffset) return "payload offset " + num(f.payload_offset) + " > 4095";
+      return {};
+    case kAbort:
+      if (f.nbytes > kMaxReasonBytes) return "an abort reason of " + num(f.nbytes) + " bytes (at most 1024)";
+      return {};
+    case kClose:
+      if (f.nbytes != 0) return "a goodbye frame with " + num(f.nbytes) + " payload bytes";
+      return {};
+    default:
+      return "unknown frame type " + num(f.type);
+  }
+}
+
+bool same_secret(const char* a, const char* b) {
+  unsigned char diff = 0;
+  for (size_t i = 0; i < kSecretBytes; ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace tcp
+}  // namespace ringcomm

@@ -1,0 +1,70 @@
+// What travels on a ringcomm TCP connection, and the checks made on it.
+//
+// Setup (once per connection, both directions, the connecting rank first):
+//   secret[kSecretBytes]   the communicator's random secret (from the store);
+//                          the accepting rank reads exactly these bytes first
+//                          and closes a connection that gets them wrong
+//   Hello                  who is calling whom, with the geometry both must share
+// Then a stream of frames, each a FrameHeader followed by `nbytes` payload
+// bytes: DATA (one segment of a Link), ABORT (the sender failed; the payload
+// is its reason) and CLOSE (an orderly goodbye; nothing follows).
+//
+// Both ends run the same build (the Hello checks the version and the frame
+// size), so the structs travel as they are laid out in memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "transport/link.h"
+
+namespace ringcomm {
+namespace tcp {
+
+constexpr size_t kSecretBytes = 32;
+constexpr uint64_t kHelloMagic = 0x31706374676e6972ULL;  // "ringtcp1" (little endian)
+constexpr uint32_t kWireVersion = 1;
+constexpr uint32_t kFrameMagic = 0x46434e52;  // "RNCF"
+constexpr uint32_t kMaxReasonBytes = 1024;    // ABORT payload, at most
+constexpr uint32_t kMaxPayloadOffset = 4095;  // DATA payload starts within one page
+
+struct Hello {
+  uint64_t magic = kHelloMagic;
+  uint32_t version = kWireVersion;
+  uint32_t frame_bytes = 0;  // sizeof(FrameHeader) of the sender's build
+  int32_t from = -1;         // the sender's rank
+  int32_t to = -1;           // the rank the sender expects at the other end
+  int32_t world = 0;
+  uint32_t nslots = 0;
+  uint64_t slot_bytes = 0;
+};
+static_assert(sizeof(Hello) == 40, "Hello is part of the wire format");
+
+enum FrameType : uint8_t { kData = 1, kAbort = 2, kClose = 3 };
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint8_t type = kData;
+  uint8_t pad[3] = {0, 0, 0};
+  uint32_t nbytes = 0;          // payload bytes after this header
+  uint32_t payload_offset = 0;  // DATA: where the sender placed the payload within a page
+  uint64_t segment = 0;
+  MsgTag tag;
+};
+static_assert(sizeof(FrameHeader) == 48, "FrameHeader is part of the wire format");
+
+// Empty when `h` is a Hello that rank `me` of a `world`-rank communicator
+// (with this geometry) accepts from `expect_from` (-1: any rank); otherwise
+// what is wrong with it.
+std::string check_hello(const Hello& h, int me, int world, int expect_from, size_t slot_bytes, int nslots);
+
+// Empty when a frame header read from a socket may be acted on by a rank
+// whose slots hold `slot_bytes`; otherwise what is wrong with it.
+std::string check_frame(const FrameHeader& f, size_t slot_bytes);
+
+// Constant-time comparison (a secret must not leak through timing).
+bool same_secret(const char* a, const char* b);
+
+}  // namespace tcp
+}  // namespace ringcomm

@@ -1,0 +1,206 @@
+"""torch Work objects over ringcomm Works.
+
+A torch call may issue several ringcomm operations (one per tensor, or the
+sends and receives of an uneven all_to_all) and may have results to copy
+back (non-contiguous tensors, lists filled from a flat buffer). RingcommWork
+waits for all of them, copies back once, and then completes its torch future.
+
+Futures matter because DDP waits on `get_future()` only (in C++, never
+calling wait()): a future that was asked for is completed by the group's
+Completer thread as soon as the ringcomm operations finish.
+"""
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ringcomm.errors import RingcommError
+
+
+def _seconds(timeout):
+    """None for no limit. torch's C++ side passes timedelta(0) for "no timeout"."""
+    if timeout is None:
+        return None
+    t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return t if t > 0 else None
+
+
+class RingcommWork(dist._Work):
+    """The Work a ringcomm process group returns.
+
+    `works` are the issued ringcomm Works (empty when the call already
+    completed), `result` the value of the future (the output tensors, as
+    torch's backends give), `staging` the copies to make on completion.
+    """
+
+    def __init__(self, works, result, staging=None, completer=None):
+        super().__init__()
+        self._works = list(works)
+        self._result = result
+        self._staging = staging
+        self._completer = completer
+        self._lock = threading.Lock()
+        self._settled = False
+        self._error = None
+        self._future = None
+        self._delivered = False
+        self._watched = False
+        if not self._works:
+            self._settle()
+
+    # -- completion ----------------------------------------------------------
+    def _native_done(self):
+        return all(w.is_completed() for w in self._works)
+
+    def _settle(self):
+        """Once every ringcomm Work completed: copy back, then complete the future."""
+        with self._lock:
+            if not self._settled:
+                err = None
+                for w in self._works:
+                    err = w.exception()
+                    if err is not None:
+                        break
+                if err is None and self._staging is not None:
+                    try:
+                        self._staging.finish()
+                    except Exception as e:  # noqa: BLE001 - handed to the waiter
+                        err = e
+                self._error = err
+                self._staging = None
+                self._settled = True
+            fut = None
+            if self._future is not None and not self._delivered:
+                self._delivered = True
+                fut = self._future
+        if fut is not None:
+            self._deliver(fut)
+
+    def _deliver(self, fut):
+        if self._error is not None:
+            fut.set_exception(self._error)
+        else:
+            fut.set_result(self._result)
+
+    def _poll(self, timeout_s):
+        """Waits up to timeout_s for the first unfinished ringcomm Work."""
+        for w in self._works:
+            if not w.is_completed():
+                try:
+                    w.wait(timeout_s)
+                except RingcommError:
+                    pass  # a wait that expired, or the op failed: _settle() reads which
+                return
+
+    # -- torch's Work API ----------------------------------------------------
+    def wait(self, timeout=None):
+        """Blocks until the operation completed; raises its error if it failed.
+
+        On a `timeout` (seconds or timedelta) that expires first, raises
+        ringcomm.TimeoutError; the operation keeps running.
+        """
+        if not self._settled:
+            t = _seconds(timeout)
+            deadline = None if t is None else time.monotonic() + t
+            for w in self._works:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    w.wait(left)
+                except RingcommError:
+                    if not w.is_completed():
+                        raise  # this wait expired; the operation is still running
+            self._settle()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self):
+        """A torch.futures.Future completed with the output tensors (or the error)."""
+        with self._lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+            fut = self._future
+            deliver = self._settled and not self._delivered
+            if deliver:
+                self._delivered = True
+            watch = not self._settled and not self._watched
+            if watch:
+                self._watched = True
+        if deliver:
+            self._deliver(fut)
+        elif watch:
+            self._completer.watch(self)
+        return fut
+
+    def is_completed(self):
+        if not self._settled and self._native_done():
+            self._settle()
+        return self._settled
+
+    def is_success(self):
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        return self._error if self.is_completed() else None
+
+    def result(self):
+        return self._result
+
+    def source_rank(self):
+        raise RuntimeError("ringcomm: source_rank() is only defined for recv from any source, "
+                           "which the ringcomm backend does not offer")
+
+
+class Completer:
+    """One thread per process group that completes the futures somebody asked for.
+
+    It waits on the oldest watched Work; every POLL_S it also completes later
+    ones that finished first (sends and receives may finish out of order).
+    """
+
+    POLL_S = 0.01
+
+    def __init__(self, name):
+        self._name = name
+        self._cv = threading.Condition()
+        self._pending = []
+        self._thread = None
+        self._stop = False
+
+    def watch(self, work):
+        with self._cv:
+            self._pending.append(work)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def close(self):
+        """The thread ends once every watched Work completed."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+
+    def _loop(self):
+        while True:
+            with self._cv:
+                while not self._pending and not self._stop:
+                    self._cv.wait()
+                if not self._pending:
+                    return
+                head = self._pending[0]
+            try:
+                head._poll(self.POLL_S)
+            except Exception:  # noqa: BLE001 - _settle() below records the error
+                pass
+            with self._cv:
+                done = [w for w in self._pending if w._native_done()]
+                if done:
+                    self._pending = [w for w in self._pending if not any(w is d for d in done)]
+            for w in done:
+                try:
+                    w._settle()
+                except Exception:  # noqa: BLE001 - a failing future callback must not stop the thread
+                    pass
