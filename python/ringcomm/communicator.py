@@ -236,6 +236,12 @@ class Communicator:
         if self._native is not None:
             self._native.abort(reason)
 
+    def __copy__(self):
+        return self  # a handle to shared native resources: copies share it
+
+    def __deepcopy__(self, memo):
+        return self
+
     def __enter__(self):
         return self
 

@@ -1,0 +1,51 @@
+"""Data-, tensor- and pipeline-parallel training on ringcomm communicators.
+
+    from ringcomm.parallel import DataParallel, Pipeline, split_3d, tensor_parallel
+    g = split_3d(comm, tp=2, pp=2)                  # this rank's TP, PP and DP communicators
+    stage = tensor_parallel(dense_stage, g.tp)      # Megatron column/row split of the blocks
+    model = DataParallel(stage, g.dp)               # bucketed AVG all_reduce during backward
+    pipe = Pipeline(model, g.pp, "1f1b", n_microbatches=4, loss_fn=loss)
+    losses = pipe.step(tokens, target); model.finish(); opt.step()
+"""
+from ringcomm.parallel.dp import DataParallel
+from ringcomm.parallel.mesh import ParallelGroups, layout_ranks, split_3d
+from ringcomm.parallel.pp import Pipeline, schedule_order
+from ringcomm.parallel.tp import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallelAttention,
+    TensorParallelBlock,
+    TensorParallelMLP,
+    copy_to_tp,
+    gather_from_sp,
+    gather_from_tp,
+    reduce_from_tp,
+    reduce_scatter_to_sp,
+    scatter_to_tp,
+    split_sequence,
+    sync_sequence_parallel_grads,
+    tensor_parallel,
+)
+
+__all__ = [
+    "ColumnParallelLinear",
+    "DataParallel",
+    "ParallelGroups",
+    "Pipeline",
+    "RowParallelLinear",
+    "TensorParallelAttention",
+    "TensorParallelBlock",
+    "TensorParallelMLP",
+    "copy_to_tp",
+    "gather_from_sp",
+    "gather_from_tp",
+    "layout_ranks",
+    "reduce_from_tp",
+    "reduce_scatter_to_sp",
+    "scatter_to_tp",
+    "schedule_order",
+    "split_3d",
+    "split_sequence",
+    "sync_sequence_parallel_grads",
+    "tensor_parallel",
+]

@@ -1,0 +1,68 @@
+"""Splitting one communicator into tensor-, pipeline- and data-parallel groups.
+
+Global rank r of a (tp, pp, dp) layout sits at
+
+    tp_rank = r % tp,   dp_rank = (r // tp) % dp,   pp_rank = r // (tp * dp)
+
+(Megatron-LM's default order: tensor-parallel ranks are neighbours, since they talk
+most, then data-parallel replicas, then pipeline stages). Each rank is in one group
+of each kind; its rank inside that group is its coordinate along that axis, so the
+pipeline group's rank is the stage index and the tensor group's rank the shard index.
+"""
+from dataclasses import dataclass
+
+from ringcomm.communicator import Communicator
+
+
+@dataclass
+class ParallelGroups:
+    tp: Communicator
+    pp: Communicator
+    dp: Communicator
+    tp_size: int
+    pp_size: int
+    dp_size: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+
+    def close(self):
+        for c in (self.tp, self.pp, self.dp):
+            c.close()
+
+
+def layout_ranks(world_size, tp, pp, dp):
+    """The global ranks of every TP, PP and DP group, as three lists of lists."""
+    if tp * pp * dp != world_size:
+        raise ValueError(f"tp * pp * dp = {tp} * {pp} * {dp} = {tp * pp * dp} differs from the "
+                         f"world size {world_size}")
+
+    def rank(t, p, d):
+        return t + tp * (d + dp * p)
+
+    tp_groups = [[rank(t, p, d) for t in range(tp)] for p in range(pp) for d in range(dp)]
+    pp_groups = [[rank(t, p, d) for p in range(pp)] for d in range(dp) for t in range(tp)]
+    dp_groups = [[rank(t, p, d) for d in range(dp)] for p in range(pp) for t in range(tp)]
+    return tp_groups, pp_groups, dp_groups
+
+
+def split_3d(comm, tp=1, pp=1, dp=None):
+    """Splits comm into this rank's TP, PP and DP communicators (every rank calls it
+    with the same layout). dp defaults to world_size / (tp * pp)."""
+    ws = comm.world_size
+    if dp is None:
+        if ws % (tp * pp):
+            raise ValueError(f"world size {ws} does not divide by tp * pp = {tp * pp}")
+        dp = ws // (tp * pp)
+    groups = layout_ranks(ws, tp, pp, dp)
+    mine = []
+    for kind in groups:  # every rank calls split for every group, in the same order
+        found = None
+        for ranks in kind:
+            sub = comm.split(ranks=ranks)
+            if sub is not None:
+                found = sub
+        mine.append(found)
+    r = comm.rank
+    return ParallelGroups(tp=mine[0], pp=mine[1], dp=mine[2], tp_size=tp, pp_size=pp, dp_size=dp,
+                          tp_rank=r % tp, pp_rank=r // (tp * dp), dp_rank=(r // tp) % dp)
