@@ -117,6 +117,8 @@ class Communicator {
   void plan_p2p(Call& call, const PlanContext& ctx);
   bool use_pull(size_t nbytes) const { return pull_ok_ && nbytes >= config_.pull_min_bytes; }
   void worker_loop();
+  void run_front(std::unique_lock<std::mutex>& lk);
+  void help(const Work* work);
   void check_usable();
   void check_root(int root, const char* arg) const;
   void check_peer(int peer, const char* arg) const;

@@ -23,6 +23,7 @@ void Work::fail(ErrorKind kind, const std::string& message) {
 }
 
 bool Work::wait(double timeout_s) {
+  if (help_ && !is_completed()) help_();
   // Small operations finish within microseconds: yield for a moment before
   // blocking, since a futex wake-up costs tens of microseconds on a VM.
   auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
@@ -42,7 +43,7 @@ bool Work::wait(double timeout_s) {
   return true;
 }
 
-bool Work::is_completed() { return state_.load(std::memory_order_acquire) != State::kPending; }
+bool Work::is_completed() const { return state_.load(std::memory_order_acquire) != State::kPending; }
 
 std::string Work::error_message() {
   std::lock_guard<std::mutex> lk(mu_);

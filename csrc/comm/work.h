@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -15,13 +16,17 @@ class Work {
 
   explicit Work(std::string what) : what_(std::move(what)) {}
 
+  // Called by wait() first: lets the waiting thread run queued calls itself.
+  // Set before the Work is published; only called while it is pending.
+  void set_helper(std::function<void()> help) { help_ = std::move(help); }
+
   void complete();
   void fail(ErrorKind kind, const std::string& message);
 
   // Blocks until the operation finished or `timeout_s` (< 0: forever) passed.
   // Returns false on a wait timeout; throws the operation's error if it failed.
   bool wait(double timeout_s);
-  bool is_completed();
+  bool is_completed() const;
   // Empty unless the operation failed.
   std::string error_message();
   ErrorKind error_kind();
@@ -31,6 +36,7 @@ class Work {
 
  private:
   std::string what_;
+  std::function<void()> help_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<State> state_{State::kPending};
