@@ -397,6 +397,33 @@ def collective_matrix(comm, prims: Sequence[str] = PRIMITIVES,
     return failures
 
 
+def p2p_and_barrier(comm, tag: str = "") -> List[str]:
+    """send/recv (blocking, and isend/irecv around the ring) of several sizes, and barrier."""
+    r, ws = comm.rank, comm.world_size
+    fails: List[str] = []
+    nxt, prv = (r + 1) % ws, (r - 1) % ws
+    for n in (0, 1, 1000, 300007):
+        seed = seed_of(tag, "p2p", n)
+        if ws >= 2:
+            got = np.full(n, -1, np.int32)
+            sw, rw = comm.isend(gen("int32", None, seed, r, 0, n), nxt), comm.irecv(got, prv)
+            sw.wait()
+            rw.wait()
+            if not np.array_equal(got, gen("int32", None, seed, prv, 0, n)):
+                fails.append(f"{tag}isend/irecv of {n} int32 from rank {prv}: wrong data")
+        if ws >= 2 and r in (0, 1):
+            x = np.arange(n, dtype=np.float64) * (r + 1)
+            if r == 0:
+                comm.send(x, 1)
+            elif r == 1:
+                comm.recv(x, 0)
+                if not np.array_equal(x, np.arange(n, dtype=np.float64)):
+                    fails.append(f"{tag}send/recv of {n} float64 from rank 0: wrong data")
+    for _ in range(3):
+        comm.barrier()
+    return fails
+
+
 def first_line(e: BaseException, limit: int = 300) -> str:
     text = str(e).strip().splitlines()
     line = text[0] if text else ""

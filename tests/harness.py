@@ -4,7 +4,9 @@
 processes (multiprocessing "spawn" context) and in each one:
 
 1. applies the test's environment variables (inherited ``RINGCOMM_*`` variables are
-   dropped first, so a test sees exactly the tuning it asked for),
+   dropped first, so a test sees exactly the tuning it asked for; only
+   ``RINGCOMM_TEST_TRANSPORT=tcp`` in pytest's environment sets RINGCOMM_TRANSPORT
+   for every rank of every test that does not set it, to run a suite over TCP),
 2. creates ``torch.distributed.TCPStore("127.0.0.1", port, world_size,
    is_master=(rank == 0))``,
 3. calls ``ringcomm.init(rank=, world_size=, store=, timeout=comm_timeout)`` unless
@@ -195,6 +197,8 @@ def run_ranks(fn: Callable, world_size: int, args: Sequence = (), *,
         renv = {k: str(v) for k, v in (env or {}).items()}
         renv.update({k: str(v) for k, v in (rank_env or {}).get(rank, {}).items()})
         renv.setdefault("OMP_NUM_THREADS", "1")
+        if os.environ.get("RINGCOMM_TEST_TRANSPORT"):  # run a whole suite over one transport
+            renv.setdefault("RINGCOMM_TRANSPORT", os.environ["RINGCOMM_TEST_TRANSPORT"])
         p = ctx.Process(target=_rank_main, name=f"rank{rank}", daemon=True,
                         args=(rank, world_size, port, fn, tuple(args), renv, init,
                               comm_timeout, store_timeout, q))

@@ -385,7 +385,10 @@ void Communicator::plan(Call& c, const Reducer* reducer) {
         c.tag.algo = kOneShot;
         if (scratch_.size() < bytes * world_) scratch_.resize(bytes * world_);
         oneshot_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
-      } else if ((algo == "pull" && pull_ok_) || (auto_ && pull)) {
+      } else if (algo == "pull" && pull_ok_) {
+        // Not chosen by auto: measured here, the pipelined ring wins (its FIFO
+        // slots stay in cache, so its extra copies cost less than the
+        // kernel's cross-process copy; see README, Performance).
         c.tag.algo = kPull;
         pull_all_reduce(ctx, c.a.ptr, c.a.count, avg);
       } else {

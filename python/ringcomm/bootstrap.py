@@ -2,6 +2,7 @@
 names of their shared segments. ringcomm brings no store of its own: it uses
 torch.distributed.TCPStore (as torchrun sets it up) or any store passed in.
 """
+import ipaddress
 import json
 import os
 import secrets
@@ -59,9 +60,29 @@ def socket_address(store=None):
         )
     for host in _rendezvous_hosts(store):
         addr = _route_source(host)
+        if addr and _is_loopback(addr) and host != "localhost" and not _is_ip(host):
+            # A name that this host resolves to itself (Debian's 127.0.1.1
+            # entry for the hostname) may name a real address on the others:
+            # advertise the default route's source instead, where there is one.
+            addr = _route_source("192.0.2.1") or addr  # TEST-NET-1: no packet is sent
         if addr:
             return addr
     return "127.0.0.1"
+
+
+def _is_ip(text):
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_loopback(addr):
+    try:
+        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _interface_address(name):

@@ -137,10 +137,11 @@ std::vector<Fd> accept_peers(int listener, const Identity& me, const std::vector
       Hello h;
       std::memcpy(&h, p.buf + kSecretBytes, sizeof h);
       std::string why = check_hello(h, me.rank, me.world, -1, me.slot_bytes, me.nslots);
+      const std::string from = "rank " + std::to_string(h.from);
       if (why.empty() && !expected[h.from]) {
-        why = "rank " + std::to_string(h.from) + " is not expected to connect to rank " + std::to_string(me.rank);
+        why = from + " is not expected to connect to rank " + std::to_string(me.rank);
       }
-      if (why.empty() && peers[h.from].valid()) why = "rank " + std::to_string(h.from) + " is already connected";
+      if (why.empty() && peers[h.from].valid()) why = from + " is already connected";
       if (why.empty()) {
         char out[kGreeting];
         greeting(me, h.from, out);

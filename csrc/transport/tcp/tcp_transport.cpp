@@ -28,6 +28,12 @@ constexpr uint64_t kEventKey = ~0ULL;
 // connection is reset instead (a reset reaches the peer even when it reads
 // nothing).
 constexpr auto kAbortGrace = std::chrono::seconds(1);
+// Segments up to this size are written by the executor at commit time when
+// nothing is queued ahead of them: small messages do not wait for the I/O
+// thread to wake up, and a completed call has its small messages in the
+// kernel already (they survive the process). Larger ones stream from the
+// I/O thread, in parallel with the executor filling the next slot.
+constexpr uint32_t kInlineBytes = 64 * 1024;
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
@@ -63,8 +69,8 @@ class TcpLink : public Link {
     mem_bytes_ = 2 * n_ * stride_;
     void* p = ::mmap(nullptr, mem_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-      throw Error("ringcomm: cannot allocate " + std::to_string(mem_bytes_) + " bytes of TCP slots for rank " +
-                  std::to_string(peer) + ": " + tcp::errno_text(errno));
+      throw Error("ringcomm: cannot allocate " + std::to_string(mem_bytes_) +
+                  " bytes of TCP slots for rank " + std::to_string(peer) + ": " + tcp::errno_text(errno));
     }
     mem_ = static_cast<char*>(p);
   }
@@ -98,6 +104,7 @@ class TcpLink : public Link {
     f.segment = header.segment;
     f.tag = header.tag;
     out_tail_.store(tail + 1, std::memory_order_release);
+    if (f.nbytes <= kInlineBytes && owner_->send_now(*this, tail)) return;
     owner_->notify_io();
   }
 
@@ -110,7 +117,8 @@ class TcpLink : public Link {
       if (state_.load(std::memory_order_acquire) == kPeerClosed &&
           in_tail_.load(std::memory_order_acquire) == head) {
         throw Error("ringcomm: rank " + std::to_string(peer_) + " closed its communicator while rank " +
-                    std::to_string(rank_) + " still expects data from it (did the ranks issue different calls?)");
+                    std::to_string(rank_) +
+                    " still expects data from it (did the ranks issue different calls?)");
       }
       return nullptr;
     }
@@ -131,6 +139,14 @@ class TcpLink : public Link {
   void check_local_abort() const {
     std::string why = owner_->local_abort();
     if (!why.empty()) throw Error("ringcomm: rank " + std::to_string(rank_) + " aborted: " + why);
+  }
+
+  // (io) the `in` ring has a free slot; the `out` ring holds unsent frames.
+  bool in_has_room() const {
+    return in_tail_.load(std::memory_order_relaxed) - in_head_.load(std::memory_order_acquire) < n_;
+  }
+  bool out_pending() const {
+    return out_tail_.load(std::memory_order_acquire) != out_head_.load(std::memory_order_relaxed);
   }
 
   char* out_data(uint64_t i) const { return mem_ + (i % n_) * stride_; }
@@ -158,15 +174,19 @@ class TcpLink : public Link {
 
   uint32_t send_offset_ = 0;  // executor: page offset of the slot being filled
 
-  // (io) sending
-  bool out_ready_ = true;       // the socket took everything so far (edge-triggered epoll)
+  // Sending. wmu_ guards the writes to the socket and what says how far they
+  // got (woff_, ctrl_, coff_, out_head_ updates, closing fd_): the I/O thread
+  // holds it while it sends, the executor tries it to send a small segment
+  // at once (TcpTransport::send_now).
+  std::mutex wmu_;
   size_t woff_ = 0;             // bytes of frame out_head_ already sent
   std::string ctrl_;            // ABORT / CLOSE frame to send at the next frame boundary
   size_t coff_ = 0;
-  bool abort_queued_ = false;
-  bool close_queued_ = false;
-  bool done_writing_ = false;   // goodbye or abort sent (write side shut), or the link failed
-  Clock::time_point abort_deadline_;
+  std::atomic<bool> done_writing_{false};  // goodbye or abort sent (write side shut), or failed
+  bool out_ready_ = true;       // (io) the socket took everything so far (edge-triggered epoll)
+  bool abort_queued_ = false;   // (io)
+  bool close_queued_ = false;   // (io)
+  Clock::time_point abort_deadline_;  // (io)
   // (io) receiving
   bool in_ready_ = true;
   bool eof_ = false;
@@ -312,12 +332,39 @@ void TcpTransport::on_eof(TcpLink& l, int err) {
   }
 }
 
-// Sends queued frames until the socket is full. Returns whether bytes moved.
+// The executor's fast path: frame `i`, just committed, goes to the socket
+// now if nothing is queued ahead of it and the I/O thread is not sending.
+// Returns whether it was sent whole; otherwise the I/O thread sends the rest
+// (it also reports any error).
+bool TcpTransport::send_now(TcpLink& l, uint64_t i) {
+  std::unique_lock<std::mutex> lk(l.wmu_, std::try_to_lock);
+  if (!lk.owns_lock() || l.done_writing_.load(std::memory_order_relaxed) || !l.fd_.valid() ||
+      aborted_.load(std::memory_order_relaxed) || l.woff_ != 0 || l.coff_ < l.ctrl_.size() ||
+      l.out_head_.load(std::memory_order_relaxed) != i) {
+    return false;
+  }
+  FrameHeader& f = l.out_hdr_[i % l.n_];
+  struct iovec iov[2] = {{&f, sizeof f}, {l.out_data(i) + f.payload_offset, f.nbytes}};
+  struct msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = f.nbytes ? 2 : 1;
+  ssize_t put = ::sendmsg(l.fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (put <= 0) return false;
+  if (static_cast<size_t>(put) < sizeof f + f.nbytes) {
+    l.woff_ = static_cast<size_t>(put);
+    return false;
+  }
+  l.out_head_.store(i + 1, std::memory_order_release);
+  return true;
+}
+
+// Sends queued frames until the socket is full (the caller holds l.wmu_).
+// Returns whether bytes moved.
 bool TcpTransport::pump_out(TcpLink& l) {
   if (!l.fd_.valid() || l.done_writing_ || !l.out_ready_) return false;
   const bool aborting = aborted_.load(std::memory_order_relaxed);
   bool moved = false;
-  for (int round = 0; round < 8; ++round) {
+  for (int round = 0; round < 8 && !l.done_writing_; ++round) {
     struct iovec iov[kMaxIov];
     int n = 0;
     const bool ctrl = l.woff_ == 0 && l.coff_ < l.ctrl_.size();
@@ -327,7 +374,8 @@ bool TcpTransport::pump_out(TcpLink& l) {
     } else {
       // After an abort only a partly sent frame is finished (the peer's
       // parser must reach the ABORT frame); everything else is dropped.
-      const uint64_t tail = aborting ? (l.woff_ ? head + 1 : head) : l.out_tail_.load(std::memory_order_acquire);
+      const uint64_t tail =
+          aborting ? (l.woff_ ? head + 1 : head) : l.out_tail_.load(std::memory_order_acquire);
       size_t skip = l.woff_;
       for (uint64_t i = head; i < tail && n + 2 <= kMaxIov; ++i) {
         FrameHeader& f = l.out_hdr_[i % l.n_];
@@ -399,10 +447,7 @@ bool TcpTransport::pump_in(TcpLink& l) {
     char* dst = nullptr;
     size_t want = 0;
     // A frame is only started with a free slot for it (a release wakes us).
-    if (l.rstate_ == TcpLink::kHeader && !discard &&
-        l.in_tail_.load(std::memory_order_relaxed) - l.in_head_.load(std::memory_order_acquire) >= l.n_) {
-      break;
-    }
+    if (l.rstate_ == TcpLink::kHeader && !discard && !l.in_has_room()) break;
     switch (l.rstate_) {
       case TcpLink::kHeader:
         dst = reinterpret_cast<char*>(&l.rhdr_) + l.rgot_;
@@ -447,8 +492,9 @@ bool TcpTransport::pump_in(TcpLink& l) {
         // Nothing after a bad header can be trusted: stop reading and hang up.
         if (!discard) {
           fail_link(l, "rank " + std::to_string(l.peer_) + " (" + l.name_ + ") sent rank " +
-                           std::to_string(rank_) + " something that is not a valid ringcomm frame over TCP: " +
-                           why + "; the connection was closed");
+                           std::to_string(rank_) +
+                           " something that is not a valid ringcomm frame over TCP: " + why +
+                           "; the connection was closed");
         }
         ::shutdown(l.fd_.get(), SHUT_RDWR);
         l.eof_ = true;
@@ -499,22 +545,18 @@ bool TcpTransport::pump_in(TcpLink& l) {
   return moved;
 }
 
-bool TcpTransport::has_work() const {
+bool TcpTransport::has_work() {
   const bool aborting = aborted_.load(std::memory_order_relaxed);
   const bool discard = aborting || stop_.load(std::memory_order_relaxed);
   for (const auto& lp : links_) {
     if (!lp || !lp->fd_.valid()) continue;
-    const TcpLink& l = *lp;
+    TcpLink& l = *lp;
     if (l.out_ready_ && !l.done_writing_) {
+      std::lock_guard<std::mutex> wlk(l.wmu_);
       if (l.woff_ || l.coff_ < l.ctrl_.size()) return true;
-      if (!aborting && l.out_tail_.load(std::memory_order_acquire) != l.out_head_.load(std::memory_order_relaxed)) {
-        return true;
-      }
+      if (!aborting && l.out_pending()) return true;
     }
-    if (l.in_ready_ && !l.eof_ &&
-        (discard || l.in_tail_.load(std::memory_order_relaxed) - l.in_head_.load(std::memory_order_acquire) < l.n_)) {
-      return true;
-    }
+    if (l.in_ready_ && !l.eof_ && (discard || l.in_has_room())) return true;
   }
   return false;
 }
@@ -531,6 +573,7 @@ void TcpTransport::io_loop() {
     for (auto& lp : links_) {
       if (!lp || !lp->fd_.valid()) continue;
       TcpLink& l = *lp;
+      std::unique_lock<std::mutex> wlk(l.wmu_);
       if (aborting && !l.abort_queued_) {
         l.abort_queued_ = true;
         l.abort_deadline_ = now + kAbortGrace;
@@ -543,15 +586,13 @@ void TcpTransport::io_loop() {
           l.ctrl_ += why;
         }
       }
-      if (stopping && !aborting && !l.close_queued_ && l.ctrl_.empty() && l.woff_ == 0 &&
-          l.out_head_.load(std::memory_order_relaxed) == l.out_tail_.load(std::memory_order_acquire)) {
+      if (stopping && !aborting && !l.close_queued_ && l.ctrl_.empty() && l.woff_ == 0 && !l.out_pending()) {
         l.close_queued_ = true;  // everything queued is in the kernel: say goodbye
         FrameHeader f;
         f.type = tcp::kClose;
         l.ctrl_.assign(reinterpret_cast<const char*>(&f), sizeof f);
       }
       moved |= pump_out(l);
-      moved |= pump_in(l);
       if (l.abort_queued_ && !l.done_writing_ && now > l.abort_deadline_) {
         // The peer does not read: a reset reaches it anyway.
         struct linger lg{1, 0};
@@ -560,6 +601,8 @@ void TcpTransport::io_loop() {
         l.done_writing_ = l.eof_ = true;
         continue;
       }
+      wlk.unlock();
+      moved |= pump_in(l);
       if (l.abort_queued_ && !l.done_writing_) timed = true;
       if (!l.done_writing_ && l.state_.load(std::memory_order_relaxed) != TcpLink::kFailed) finished = false;
     }

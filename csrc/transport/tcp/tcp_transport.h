@@ -9,7 +9,9 @@
 // page of slack, so a payload may start at any page offset):
 //   out  the executor writes a segment into a free slot and commits it; the
 //        I/O thread sends committed slots (header + payload, many segments
-//        per sendmsg) and frees each once it is fully in the kernel.
+//        per sendmsg) and frees each once it is fully in the kernel. A small
+//        segment with nothing queued ahead of it is sent by the executor
+//        itself at commit (no thread hand-off on the latency path).
 //   in   the I/O thread reads a frame header, then the payload straight into
 //        a free slot, and publishes it; the executor consumes it in place.
 // Counters only grow (one producer, one consumer: acquire / release), as in
@@ -75,6 +77,8 @@ class TcpTransport : public Transport {
   // Called by the links after a commit or a release: wakes the I/O thread
   // if it sleeps.
   void notify_io();
+  // Sends frame `i` of `l` from the executor's thread if the socket is free.
+  bool send_now(TcpLink& l, uint64_t i);
   // Non-empty once this rank announced an abort.
   std::string local_abort() const;
 
@@ -82,7 +86,7 @@ class TcpTransport : public Transport {
   void io_loop();
   bool pump_out(TcpLink& l);
   bool pump_in(TcpLink& l);
-  bool has_work() const;
+  bool has_work();
   void fail_link(TcpLink& l, const std::string& why);
   void on_eof(TcpLink& l, int err);
   void shutdown_links();

@@ -21,11 +21,12 @@ std::string check_hello(const Hello& h, int me, int world, int expect_from, size
     return "wire version " + num(h.version) + " / frame size " + num(h.frame_bytes) + ", expected " +
            num(kWireVersion) + " / " + num(sizeof(FrameHeader)) + " (a different ringcomm build?)";
   }
+  const std::string from = std::to_string(h.from);
   if (h.world != world) return "world size " + std::to_string(h.world) + ", expected " + std::to_string(world);
   if (h.to != me) return "addressed to rank " + std::to_string(h.to) + ", this is rank " + std::to_string(me);
-  if (h.from < 0 || h.from >= world || h.from == me) return "from rank " + std::to_string(h.from) + ", out of range";
+  if (h.from < 0 || h.from >= world || h.from == me) return "from rank " + from + ", out of range";
   if (expect_from >= 0 && h.from != expect_from) {
-    return "from rank " + std::to_string(h.from) + ", expected rank " + std::to_string(expect_from);
+    return "from rank " + from + ", expected rank " + std::to_string(expect_from);
   }
   if (h.slot_bytes != slot_bytes || h.nslots != static_cast<uint32_t>(nslots)) {
     return "slots of " + num(h.slot_bytes) + " bytes x " + num(h.nslots) + ", expected " + num(slot_bytes) +
