@@ -36,8 +36,8 @@ def test_tiny_chunks_force_multi_chunk_paths():
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_pull_schedules_for_every_size(world_size):
-    """Single-copy pull schedules (cross-memory attach) down to the smallest messages."""
-    _run_matrix(world_size, env={"RINGCOMM_PULL_MIN_BYTES": 1}, tag="pull ")
+    """Single-copy pull schedules (cross-memory attach) for every primitive and size."""
+    _run_matrix(world_size, env={"RINGCOMM_ALGO": "pull", "RINGCOMM_PULL_MIN_BYTES": 1}, tag="pull ")
 
 
 def test_fifo_schedules_for_every_size():

@@ -29,10 +29,11 @@ namespace ringcomm {
 struct Config {
   size_t slot_bytes = 128 * 1024;       // bytes per FIFO slot (one pipelined segment)
   int nslots = 16;                      // slots per FIFO (segments in flight per peer)
-  std::string algo = "auto";            // all_reduce: auto | ring | oneshot | pull
+  // auto | ring | oneshot (all_reduce) | pull (every collective and send/recv)
+  std::string algo = "auto";
   size_t oneshot_max_bytes = 64 * 1024;  // auto: one-shot all_reduce up to this size
   bool pull = true;                     // single-copy pull schedules where the OS allows
-  size_t pull_min_bytes = 256 * 1024;   // ... for messages of at least this size
+  size_t pull_min_bytes = 16 << 20;     // send/recv of at least this size pull
   double timeout_s = 300.0;
   std::string transport = "auto";       // bootstrap: auto (TCP to other hosts) | shm | tcp (every peer)
   WaitPolicy wait;
@@ -115,7 +116,6 @@ class Communicator {
   Clock::time_point deadline_from_now() const;
   void plan(Call& call, const Reducer* reducer);
   void plan_p2p(Call& call, const PlanContext& ctx);
-  bool use_pull(size_t nbytes) const { return pull_ok_ && nbytes >= config_.pull_min_bytes; }
   void worker_loop();
   void run_front(std::unique_lock<std::mutex>& lk);
   void help(const Work* work);

@@ -2,9 +2,10 @@
 variables, then defaults.
 
 RINGCOMM_TIMEOUT           seconds any blocking wait may take (default 300)
-RINGCOMM_ALGO              all_reduce algorithm: auto | ring | oneshot | pull
-RINGCOMM_PULL              0 disables single-copy pull schedules (default 1)
-RINGCOMM_PULL_MIN_BYTES    auto: smallest message sent by pull (default 262144)
+RINGCOMM_ALGO              auto | ring | oneshot (all_reduce) | pull (every collective
+                           and send/recv by single-copy pulls, where the OS allows)
+RINGCOMM_PULL              0 disables single-copy pulls (default 1)
+RINGCOMM_PULL_MIN_BYTES    send/recv of at least this size pull (default 16 MiB)
 RINGCOMM_ONESHOT_MAX_BYTES auto: largest all_reduce done one-shot (default 65536)
 RINGCOMM_SLOT_BYTES        bytes per pipelined segment (default 131072)
 RINGCOMM_SLOTS             segments in flight per peer (default 16, at least 3)
