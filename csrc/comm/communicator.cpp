@@ -301,18 +301,20 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
     call.tag.seq = ++seq_;
   }
   if (call.reduces) call.tag.redop = static_cast<uint8_t>(call.redop);
-  auto work = std::make_shared<Work>(call.name);
   if (!async && queue_.empty() && !running_) {
+    // The latency path: run in this thread, no allocation, no hand-off.
     running_ = true;
     lk.unlock();
-    execute(call, *work);
+    Work work(call.name);
+    execute(call, work);
     lk.lock();
     running_ = false;
-    cv_.notify_all();
+    if (worker_.joinable()) cv_.notify_all();
     lk.unlock();
-    work->rethrow();
+    work.rethrow();
     return nullptr;
   }
+  auto work = std::make_shared<Work>(call.name);
   work->set_helper([this, w = work.get()] { help(w); });
   queue_.emplace_back(std::move(call), work);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });

@@ -279,7 +279,13 @@ void Executor::run(Schedule& steps, const Reducer* reducer, const Clock::time_po
       if (phase != kSpin) check_peers_alive(steps);
     }
     if (phase == kSpin) {
-      cpu_relax();
+      // A yield now and then costs little when the core is ours, and lets a
+      // peer that shares this core run (more ranks than cores, or other load).
+      if ((idle & 255) == 0) {
+        sched_yield();
+      } else {
+        cpu_relax();
+      }
     } else if (phase == kYield) {
       sched_yield();
     } else {

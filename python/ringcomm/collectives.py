@@ -64,7 +64,7 @@ def _comm(comm):
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, comm=None, async_op=False):
-    return _comm(comm).all_reduce(tensor, op, async_op)
+    return (comm if comm is not None else get_default()).all_reduce(tensor, op, async_op)
 
 
 def reduce_scatter(output, input, op=ReduceOp.SUM, comm=None, async_op=False):

@@ -10,6 +10,8 @@ import os
 from ringcomm import _C, bootstrap
 from ringcomm.errors import RingcommError
 from ringcomm.reduce_op import ReduceOp, op_value
+
+_OP_VALUE = {op: int(op) for op in ReduceOp}
 from ringcomm.work import Work
 
 
@@ -147,7 +149,11 @@ class Communicator:
     # -- collectives ----------------------------------------------------------
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
         """Reduces `tensor` across ranks, in place on every rank."""
-        w = self._c().all_reduce(tensor, op_value(op), async_op)
+        # The latency-critical call: no helper calls on the synchronous path.
+        native = self._native
+        if native is None:
+            self._c()
+        w = native.all_reduce(tensor, _OP_VALUE.get(op) if type(op) is ReduceOp else op_value(op), async_op)
         return w if w is None else self._track(w, tensor)
 
     def reduce_scatter(self, output, input, op=ReduceOp.SUM, async_op=False):
