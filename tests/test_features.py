@@ -562,3 +562,34 @@ def test_two_communicators_two_threads(world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_bad_inputs(world_size):
     harness.assert_no_failures([r["bad_inputs"] for r in _results(world_size)])
+
+
+def _sendrecv_ring(comm):
+    """sendrecv around the ring (every rank sends to the next and receives from the
+    previous at once), small and far larger than the FIFOs; bad peers rejected."""
+    import ringcomm
+
+    r, ws = comm.rank, comm.world_size
+    nxt, prv = (r + 1) % ws, (r - 1) % ws
+    fails = []
+    for n in (0, 1, 1000, (24 << 20) // 4):
+        got = np.full(n, -1.0, np.float32)
+        ringcomm.sendrecv(np.full(n, r, np.float32), nxt, got, prv, comm=comm)
+        if not (got == prv).all():
+            fails.append(f"sendrecv of {n} float32 from rank {prv}: wrong data {got[:4]}")
+    for bad in (r, ws):
+        try:
+            comm.sendrecv(np.zeros(4, np.float32), bad, np.zeros(4, np.float32), prv)
+            fails.append(f"sendrecv to dst={bad} did not raise")
+        except ValueError as e:
+            if "dst" not in str(e):
+                fails.append(f"sendrecv dst={bad}: message does not name dst: {e}")
+    x = np.ones(8, np.float32)
+    comm.all_reduce(x)
+    if not (x == ws).all():
+        fails.append(f"all_reduce after sendrecv: {x}")
+    return fails
+
+
+def test_sendrecv_ring():
+    harness.assert_no_failures(harness.run_ranks(_sendrecv_ring, 3, hard_timeout=90))

@@ -179,6 +179,12 @@ void bind_communicator(py::module_& m) {
         }
         return finish(std::move(w), py::make_tuple(x));
       })
+      .def("sendrecv", [](C& c, py::handle send, int dst, py::handle recv, int src) {
+        Buffer s = buffer_from_python(send, "send_tensor", false);
+        Buffer r = buffer_from_python(recv, "recv_tensor", true);
+        py::gil_scoped_release rel;
+        c.sendrecv(s, dst, r, src);
+      })
       .def("barrier", [](C& c, bool async) {
         std::shared_ptr<Work> w;
         {

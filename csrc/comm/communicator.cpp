@@ -289,11 +289,9 @@ std::shared_ptr<Work> Communicator::barrier(bool async) {
   return submit(std::move(c), async);
 }
 
-std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
-  std::unique_lock<std::mutex> lk(mu_);
-  check_usable();
-  // Sequence numbers follow issue order: collectives count on the
-  // communicator, point-to-point messages on their pair of ranks.
+// Sequence numbers follow issue order: collectives count on the
+// communicator, point-to-point messages on their pair of ranks. Holds mu_.
+void Communicator::assign_seq(Call& call) {
   if (call.kind == OpKind::kSend) {
     call.tag.seq = ++(call.is_send ? send_seq_ : recv_seq_)[call.root];
     call.name += std::string(call.is_send ? " to rank " : " from rank ") + std::to_string(call.root);
@@ -301,6 +299,50 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
     call.tag.seq = ++seq_;
   }
   if (call.reduces) call.tag.redop = static_cast<uint8_t>(call.redop);
+}
+
+// Queues a call for the worker (or a thread that helps). Holds mu_ via lk,
+// which it releases.
+std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mutex>& lk) {
+  auto work = std::make_shared<Work>(call.name);
+  work->set_helper([this, w = work.get()] { help(w); });
+  queue_.emplace_back(std::move(call), work);
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  cv_.notify_all();
+  lk.unlock();
+  router_.wake();  // a worker asleep in a send/recv group picks the new call up
+  return work;
+}
+
+void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) {
+  require_present(send_buf, "send_tensor", "sendrecv");
+  require_present(recv_buf, "recv_tensor", "sendrecv");
+  check_peer(dst, "dst");
+  check_peer(src, "src");
+  Call s = collective(OpKind::kSend, send_buf.dtype, send_buf.count, "send");
+  s.a = send_buf;
+  s.root = dst;
+  s.is_send = true;
+  Call r = collective(OpKind::kSend, recv_buf.dtype, recv_buf.count, "recv");
+  r.a = recv_buf;
+  r.root = src;
+  std::unique_lock<std::mutex> lk(mu_);
+  check_usable();
+  assign_seq(s);
+  assign_seq(r);
+  // Both join one send/recv group (see execute_p2p), run by this thread
+  // through wait() unless the worker gets there first.
+  auto ws = enqueue(std::move(s), lk);
+  lk.lock();
+  auto wr = enqueue(std::move(r), lk);
+  ws->wait(-1);
+  wr->wait(-1);
+}
+
+std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
+  std::unique_lock<std::mutex> lk(mu_);
+  check_usable();
+  assign_seq(call);
   if (!async && queue_.empty() && !running_) {
     // The latency path: run in this thread, no allocation, no hand-off.
     running_ = true;
@@ -314,13 +356,7 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
     work.rethrow();
     return nullptr;
   }
-  auto work = std::make_shared<Work>(call.name);
-  work->set_helper([this, w = work.get()] { help(w); });
-  queue_.emplace_back(std::move(call), work);
-  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-  cv_.notify_all();
-  lk.unlock();
-  router_.wake();  // a worker asleep in a send/recv group picks the new call up
+  auto work = enqueue(std::move(call), lk);
   if (async) return work;
   work->wait(-1);
   return nullptr;

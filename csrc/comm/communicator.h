@@ -86,6 +86,9 @@ class Communicator {
   std::shared_ptr<Work> send(Buffer x, int dst, bool async);
   std::shared_ptr<Work> recv(Buffer x, int src, bool async);
   std::shared_ptr<Work> barrier(bool async);
+  // Sends to dst and receives from src at once (both progress together, as
+  // in a batch_isend_irecv of two); returns when both are done.
+  void sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src);
 
   // Waits for queued work, stops the worker, unmaps the segments.
   void close();
@@ -110,6 +113,8 @@ class Communicator {
   using Item = std::pair<Call, std::shared_ptr<Work>>;
 
   std::shared_ptr<Work> submit(Call call, bool async);
+  void assign_seq(Call& call);
+  std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk);
   void execute(Call& call, Work& work);
   void execute_p2p(Item first);
   void fail(const std::string& message);

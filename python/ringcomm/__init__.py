@@ -22,6 +22,7 @@ from ringcomm.collectives import (
     reduce_scatter,
     scatter,
     send,
+    sendrecv,
 )
 from ringcomm.communicator import Communicator
 from ringcomm.errors import RingcommError, TimeoutError
@@ -51,4 +52,5 @@ __all__ = [
     "reduce_scatter",
     "scatter",
     "send",
+    "sendrecv",
 ]

@@ -103,5 +103,9 @@ def recv(tensor, src, comm=None, async_op=False):
     return _comm(comm).recv(tensor, src, async_op)
 
 
+def sendrecv(send_tensor, dst, recv_tensor, src, comm=None):
+    return _comm(comm).sendrecv(send_tensor, dst, recv_tensor, src)
+
+
 def barrier(comm=None, async_op=False):
     return _comm(comm).barrier(async_op)

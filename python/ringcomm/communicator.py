@@ -202,6 +202,12 @@ class Communicator:
         w = self._c().recv(tensor, int(src), async_op)
         return w if w is None else self._track(w, tensor)
 
+    def sendrecv(self, send_tensor, dst, recv_tensor, src):
+        """Sends send_tensor to dst while receiving recv_tensor from src (both
+        progress together, like a batch_isend_irecv of the two); returns when
+        both are done."""
+        self._c().sendrecv(send_tensor, int(dst), recv_tensor, int(src))
+
     def isend(self, tensor, dst):
         return self.send(tensor, dst, async_op=True)
 

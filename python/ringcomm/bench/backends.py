@@ -125,13 +125,7 @@ class RingcommBackend(Backend):
         if name == "sendrecv":
             nxt, prv = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
 
-            def sendrecv():
-                # Queued isend/irecv progress together (like batch_isend_irecv).
-                ws = rc.send(inp, nxt, comm=comm, async_op=True)
-                wr = rc.recv(out, prv, comm=comm, async_op=True)
-                ws.wait()
-                wr.wait()
-            return sendrecv
+            return lambda: comm.sendrecv(inp, nxt, out, prv)
         raise ValueError(f"ringcomm backend: unknown primitive {name!r}")
 
     def barrier(self):
