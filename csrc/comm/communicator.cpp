@@ -302,13 +302,15 @@ void Communicator::assign_seq(Call& call) {
 }
 
 // Queues a call for the worker (or a thread that helps). Holds mu_ via lk,
-// which it releases.
-std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mutex>& lk) {
+// which it releases. `notify`: wake the worker; a caller that is about to
+// wait on the call itself leaves it asleep (its wait runs the call, and a
+// busy worker takes queued calls without being woken).
+std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify) {
   auto work = std::make_shared<Work>(call.name);
   work->set_helper([this, w = work.get()] { help(w); });
   queue_.emplace_back(std::move(call), work);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-  cv_.notify_all();
+  if (notify) cv_.notify_all();
   lk.unlock();
   router_.wake();  // a worker asleep in a send/recv group picks the new call up
   return work;
@@ -332,9 +334,9 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
   assign_seq(r);
   // Both join one send/recv group (see execute_p2p), run by this thread
   // through wait() unless the worker gets there first.
-  auto ws = enqueue(std::move(s), lk);
+  auto ws = enqueue(std::move(s), lk, false);
   lk.lock();
-  auto wr = enqueue(std::move(r), lk);
+  auto wr = enqueue(std::move(r), lk, false);
   ws->wait(-1);
   wr->wait(-1);
 }
@@ -356,7 +358,7 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
     work.rethrow();
     return nullptr;
   }
-  auto work = enqueue(std::move(call), lk);
+  auto work = enqueue(std::move(call), lk, async);
   if (async) return work;
   work->wait(-1);
   return nullptr;

@@ -114,7 +114,7 @@ class Communicator {
 
   std::shared_ptr<Work> submit(Call call, bool async);
   void assign_seq(Call& call);
-  std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk);
+  std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify);
   void execute(Call& call, Work& work);
   void execute_p2p(Item first);
   void fail(const std::string& message);
