@@ -5,42 +5,9 @@
 // not every rank hits the same peer first.
 #include "algo/blocks.h"
 #include "algo/schedules.h"
+#include "algo/verbs.h"
 
 namespace ringcomm {
-namespace {
-
-void push_send(const PlanContext& c, int peer, const char* src, size_t nbytes) {
-  Step s{};
-  s.kind = StepKind::kSend;
-  s.tag = c.tag;
-  s.send_peer = peer;
-  s.src = src;
-  s.nbytes = nbytes;
-  c.out->push_back(s);
-}
-
-void push_recv(const PlanContext& c, int peer, char* dst, size_t nbytes) {
-  Step s{};
-  s.kind = StepKind::kRecv;
-  s.tag = c.tag;
-  s.recv_peer = peer;
-  s.dst = dst;
-  s.nbytes = nbytes;
-  c.out->push_back(s);
-}
-
-void push_copy(const PlanContext& c, const char* src, char* dst, size_t nbytes) {
-  if (src == dst) return;
-  Step s{};
-  s.kind = StepKind::kLocalCopy;
-  s.tag = c.tag;
-  s.src = src;
-  s.dst = dst;
-  s.nbytes = nbytes;
-  c.out->push_back(s);
-}
-
-}  // namespace
 
 void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg) {
   const int n = c.world, r = c.rank;
@@ -56,9 +23,7 @@ void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scr
   // input, is read at fold r before it is overwritten at fold n-1 >= r).
   const char* acc = r == 0 ? buf : scratch;
   for (int p = 1; p < n; ++p) {
-    Step s{};
-    s.kind = StepKind::kLocalReduce;
-    s.tag = c.tag;
+    Step s = make_step(StepKind::kLocalReduce, c);
     s.src = acc;
     s.src2 = p == r ? buf : scratch + p * bytes;
     s.dst = (p == n - 1 || r == 0) ? buf : scratch;

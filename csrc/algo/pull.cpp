@@ -17,57 +17,29 @@
 // returns, so the caller may reuse its buffer at once.
 #include "algo/blocks.h"
 #include "algo/schedules.h"
+#include "algo/verbs.h"
 
 namespace ringcomm {
 namespace {
 
-Step make(StepKind kind, const PlanContext& c) {
-  Step s{};
-  s.kind = kind;
-  s.tag = c.tag;
-  return s;
-}
-
-size_t push(const PlanContext& c, const Step& s) {
-  c.out->push_back(s);
-  return c.out->size() - 1;
-}
-
-size_t send_msg(const PlanContext& c, int peer, const void* data, size_t n, size_t after = SIZE_MAX) {
-  Step s = make(StepKind::kSend, c);
-  s.send_peer = peer;
-  s.src = static_cast<const char*>(data);
-  s.nbytes = n;
-  s.after = after;
-  return push(c, s);
-}
-
-size_t recv_msg(const PlanContext& c, int peer, void* data, size_t n) {
-  Step s = make(StepKind::kRecv, c);
-  s.recv_peer = peer;
-  s.dst = static_cast<char*>(data);
-  s.nbytes = n;
-  return push(c, s);
-}
-
 // Sends this rank's address (c.addrs[rank]) to `to`; a peer's lands in c.addrs[peer].
-void send_address(const PlanContext& c, int to) { send_msg(c, to, &c.addrs[c.rank], 8); }
-size_t recv_address(const PlanContext& c, int from) { return recv_msg(c, from, &c.addrs[from], 8); }
+void send_address(const PlanContext& c, int to) { push_send(c, to, &c.addrs[c.rank], 8); }
+size_t recv_address(const PlanContext& c, int from) { return push_recv(c, from, &c.addrs[from], 8); }
 
 size_t pull(const PlanContext& c, int peer, char* dst, uint64_t remote_offset, size_t n, size_t after) {
-  Step s = make(StepKind::kPull, c);
+  Step s = make_step(StepKind::kPull, c);
   s.recv_peer = peer;
   s.dst = dst;
   s.remote_base = &c.addrs[peer];
   s.remote_offset = remote_offset;
   s.nbytes = n;
   s.after = after;
-  return push(c, s);
+  return push_step(c, s);
 }
 
 size_t pull_reduce(const PlanContext& c, int peer, char* dst, const char* src, uint64_t remote_offset,
                    size_t n, size_t after, bool divide) {
-  Step s = make(StepKind::kPullReduce, c);
+  Step s = make_step(StepKind::kPullReduce, c);
   s.recv_peer = peer;
   s.dst = dst;
   s.src = src;
@@ -76,25 +48,16 @@ size_t pull_reduce(const PlanContext& c, int peer, char* dst, const char* src, u
   s.nbytes = n;
   s.after = after;
   s.divide = divide;
-  return push(c, s);
+  return push_step(c, s);
 }
 
-void fence(const PlanContext& c) { push(c, make(StepKind::kFence, c)); }
-
-void local_copy(const PlanContext& c, const char* src, char* dst, size_t n) {
-  if (src == dst || n == 0) return;
-  Step s = make(StepKind::kLocalCopy, c);
-  s.src = src;
-  s.dst = dst;
-  s.nbytes = n;
-  push(c, s);
-}
+void fence(const PlanContext& c) { push_step(c, make_step(StepKind::kFence, c)); }
 
 // Everybody tells everybody it is done reading, and waits for the others.
 void all_done(const PlanContext& c) {
   fence(c);
-  for (int i = 1; i < c.world; ++i) send_msg(c, mod(c.rank + i, c.world), nullptr, 0);
-  for (int i = 1; i < c.world; ++i) recv_msg(c, mod(c.rank - i, c.world), nullptr, 0);
+  for (int i = 1; i < c.world; ++i) push_send(c, mod(c.rank + i, c.world), nullptr, 0);
+  for (int i = 1; i < c.world; ++i) push_recv(c, mod(c.rank - i, c.world), nullptr, 0);
 }
 
 // Addresses to and from every peer; returns the index of each peer's receive.
@@ -131,10 +94,10 @@ void pull_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
     pull_reduce(c, p, own, own, mine.offset * c.elem, mine.count * c.elem, addr[p], avg && i == n - 1);
   }
   fence(c);
-  for (int i = 1; i < n; ++i) send_msg(c, mod(r + i, n), nullptr, 0);  // block r is final
+  for (int i = 1; i < n; ++i) push_send(c, mod(r + i, n), nullptr, 0);  // block r is final
   for (int i = 1; i < n; ++i) {
     int p = mod(r - i, n);
-    size_t final_p = recv_msg(c, p, nullptr, 0);
+    size_t final_p = push_recv(c, p, nullptr, 0);
     Range b = ring_block(count, n, p);
     pull(c, p, buf + b.offset * c.elem, b.offset * c.elem, b.count * c.elem, final_p);
   }
@@ -145,7 +108,7 @@ void pull_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
   const int n = c.world, r = c.rank;
   const size_t bytes = count_per_rank * c.elem;
   if (n == 1) {
-    local_copy(c, in, out, bytes);
+    push_copy(c, in, out, bytes);
     return;
   }
   c.addrs[r] = reinterpret_cast<uint64_t>(in);
@@ -162,7 +125,7 @@ void pull_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
 void pull_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank) {
   const int n = c.world, r = c.rank;
   const size_t bytes = count_per_rank * c.elem;
-  local_copy(c, in, out + r * bytes, bytes);
+  push_copy(c, in, out + r * bytes, bytes);
   if (n == 1) return;
   c.addrs[r] = reinterpret_cast<uint64_t>(in);
   std::vector<size_t> addr = exchange_addresses(c);
@@ -179,12 +142,12 @@ void pull_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
   if (r == root) {
     c.addrs[r] = reinterpret_cast<uint64_t>(buf);
     for (int i = 1; i < n; ++i) send_address(c, mod(r + i, n));
-    for (int i = 1; i < n; ++i) recv_msg(c, mod(r + i, n), nullptr, 0);
+    for (int i = 1; i < n; ++i) push_recv(c, mod(r + i, n), nullptr, 0);
     return;
   }
   size_t a = recv_address(c, root);
   size_t got = pull(c, root, buf, 0, nbytes, a);
-  send_msg(c, root, nullptr, 0, got);
+  push_send(c, root, nullptr, 0, got);
 }
 
 void pull_reduce_to_root(const PlanContext& c, int root, char* buf, size_t count, bool avg) {
@@ -193,7 +156,7 @@ void pull_reduce_to_root(const PlanContext& c, int root, char* buf, size_t count
   if (r != root) {
     c.addrs[r] = reinterpret_cast<uint64_t>(buf);
     send_address(c, root);
-    recv_msg(c, root, nullptr, 0);
+    push_recv(c, root, nullptr, 0);
     return;
   }
   std::vector<size_t> addr(n, SIZE_MAX);
@@ -204,7 +167,7 @@ void pull_reduce_to_root(const PlanContext& c, int root, char* buf, size_t count
     pull_reduce(c, p, buf, buf, 0, count * c.elem, addr[p], avg && i == n - 1);
   }
   fence(c);
-  for (int i = 1; i < n; ++i) send_msg(c, mod(r + i, n), nullptr, 0);
+  for (int i = 1; i < n; ++i) push_send(c, mod(r + i, n), nullptr, 0);
 }
 
 void pull_scatter(const PlanContext& c, int root, const char* in, char* out, size_t nbytes) {
@@ -212,13 +175,13 @@ void pull_scatter(const PlanContext& c, int root, const char* in, char* out, siz
   if (r == root) {
     c.addrs[r] = reinterpret_cast<uint64_t>(in);
     for (int i = 1; i < n; ++i) send_address(c, mod(r + i, n));
-    local_copy(c, in + r * nbytes, out, nbytes);
-    for (int i = 1; i < n; ++i) recv_msg(c, mod(r + i, n), nullptr, 0);
+    push_copy(c, in + r * nbytes, out, nbytes);
+    for (int i = 1; i < n; ++i) push_recv(c, mod(r + i, n), nullptr, 0);
     return;
   }
   size_t a = recv_address(c, root);
   size_t got = pull(c, root, out, r * nbytes, nbytes, a);
-  send_msg(c, root, nullptr, 0, got);
+  push_send(c, root, nullptr, 0, got);
 }
 
 void pull_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes) {
@@ -226,22 +189,22 @@ void pull_gather(const PlanContext& c, int root, const char* in, char* out, size
   if (r != root) {
     c.addrs[r] = reinterpret_cast<uint64_t>(in);
     send_address(c, root);
-    recv_msg(c, root, nullptr, 0);
+    push_recv(c, root, nullptr, 0);
     return;
   }
-  local_copy(c, in, out + r * nbytes, nbytes);
+  push_copy(c, in, out + r * nbytes, nbytes);
   for (int i = 1; i < n; ++i) {
     int p = mod(r - i, n);
     size_t a = recv_address(c, p);
     pull(c, p, out + p * nbytes, 0, nbytes, a);
   }
   fence(c);
-  for (int i = 1; i < n; ++i) send_msg(c, mod(r + i, n), nullptr, 0);
+  for (int i = 1; i < n; ++i) push_send(c, mod(r + i, n), nullptr, 0);
 }
 
 void pull_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes) {
   const int n = c.world, r = c.rank;
-  local_copy(c, in + r * nbytes, out + r * nbytes, nbytes);
+  push_copy(c, in + r * nbytes, out + r * nbytes, nbytes);
   if (n == 1) return;
   c.addrs[r] = reinterpret_cast<uint64_t>(in);
   std::vector<size_t> addr = exchange_addresses(c);
@@ -258,18 +221,18 @@ void pull_all_to_all(const PlanContext& c, const char* in, char* out, size_t nby
 void pull_send(const PlanContext& c, int peer, const char* buf) {
   c.addrs[c.rank] = reinterpret_cast<uint64_t>(buf);
   send_address(c, peer);
-  Step s = make(StepKind::kAwaitPull, c);
+  Step s = make_step(StepKind::kAwaitPull, c);
   s.recv_peer = peer;
-  push(c, s);
+  push_step(c, s);
 }
 
 void pull_recv(const PlanContext& c, int peer, char* buf, size_t nbytes) {
   size_t a = recv_address(c, peer);
   size_t got = pull(c, peer, buf, 0, nbytes, a);
-  Step s = make(StepKind::kAckPull, c);
+  Step s = make_step(StepKind::kAckPull, c);
   s.send_peer = peer;
   s.after = got;
-  push(c, s);
+  push_step(c, s);
 }
 
 }  // namespace ringcomm

@@ -22,18 +22,9 @@
 // the pipeline runs at segment granularity across the whole ring.
 #include "algo/blocks.h"
 #include "algo/schedules.h"
+#include "algo/verbs.h"
 
 namespace ringcomm {
-namespace {
-
-Step make(StepKind kind, const PlanContext& c) {
-  Step s{};
-  s.kind = kind;
-  s.tag = c.tag;
-  return s;
-}
-
-}  // namespace
 
 void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
   const int n = c.world, r = c.rank, next = mod(r + 1, n), prev = mod(r - 1, n);
@@ -44,14 +35,14 @@ void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
   };
   for (size_t k = 0; k < rounds; ++k) {
     Range p = piece(r - 1, k);
-    Step s = make(StepKind::kSend, c);
+    Step s = make_step(StepKind::kSend, c);
     s.send_peer = next;
     s.src = buf + p.offset * c.elem;
     s.nbytes = p.count * c.elem;
     c.out->push_back(s);
     for (int j = 2; j <= n - 1; ++j) {
       p = piece(r - j, k);
-      s = make(StepKind::kRecvReduceSend, c);
+      s = make_step(StepKind::kRecvReduceSend, c);
       s.recv_peer = prev;
       s.send_peer = next;
       s.src = buf + p.offset * c.elem;
@@ -59,7 +50,7 @@ void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
       c.out->push_back(s);
     }
     p = piece(r, k);
-    s = make(StepKind::kRecvReduceCopySend, c);
+    s = make_step(StepKind::kRecvReduceCopySend, c);
     s.recv_peer = prev;
     s.send_peer = next;
     s.src = buf + p.offset * c.elem;
@@ -69,7 +60,7 @@ void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
     c.out->push_back(s);
     for (int j = 1; j <= n - 2; ++j) {
       p = piece(r - j, k);
-      s = make(StepKind::kRecvCopySend, c);
+      s = make_step(StepKind::kRecvCopySend, c);
       s.recv_peer = prev;
       s.send_peer = next;
       s.dst = buf + p.offset * c.elem;
@@ -77,7 +68,7 @@ void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
       c.out->push_back(s);
     }
     p = piece(r + 1, k);
-    s = make(StepKind::kRecv, c);
+    s = make_step(StepKind::kRecv, c);
     s.recv_peer = prev;
     s.dst = buf + p.offset * c.elem;
     s.nbytes = p.count * c.elem;
@@ -92,13 +83,7 @@ void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
   const int n = c.world, r = c.rank, next = mod(r + 1, n), prev = mod(r - 1, n);
   const size_t bytes = count_per_rank * c.elem;
   if (n == 1) {
-    if (out != in) {
-      Step s = make(StepKind::kLocalCopy, c);
-      s.src = in;
-      s.dst = out;
-      s.nbytes = bytes;
-      c.out->push_back(s);
-    }
+    push_copy(c, in, out, bytes);
     return;
   }
   const size_t rounds = rounds_for(count_per_rank, c.slice_elems);
@@ -106,20 +91,20 @@ void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
   for (size_t k = 0; k < rounds; ++k) {
     Range p = slice_of(whole, c.slice_elems, k);
     auto block = [&](int b) { return in + mod(b, n) * bytes + p.offset * c.elem; };
-    Step s = make(StepKind::kSend, c);
+    Step s = make_step(StepKind::kSend, c);
     s.send_peer = next;
     s.src = block(r - 1);
     s.nbytes = p.count * c.elem;
     c.out->push_back(s);
     for (int j = 2; j <= n - 1; ++j) {
-      s = make(StepKind::kRecvReduceSend, c);
+      s = make_step(StepKind::kRecvReduceSend, c);
       s.recv_peer = prev;
       s.send_peer = next;
       s.src = block(r - j);
       s.nbytes = p.count * c.elem;
       c.out->push_back(s);
     }
-    s = make(StepKind::kRecvReduce, c);
+    s = make_step(StepKind::kRecvReduce, c);
     s.recv_peer = prev;
     s.src = block(r);
     s.dst = out + p.offset * c.elem;
@@ -134,33 +119,27 @@ void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
 void ring_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank) {
   const int n = c.world, r = c.rank, next = mod(r + 1, n), prev = mod(r - 1, n);
   const size_t bytes = count_per_rank * c.elem;
-  if (in != out + r * bytes) {
-    Step s = make(StepKind::kLocalCopy, c);
-    s.src = in;
-    s.dst = out + r * bytes;
-    s.nbytes = bytes;
-    c.out->push_back(s);
-  }
+  push_copy(c, in, out + r * bytes, bytes);
   if (n == 1) return;
   const size_t rounds = rounds_for(count_per_rank, c.slice_elems);
   const Range whole{0, count_per_rank};
   for (size_t k = 0; k < rounds; ++k) {
     Range p = slice_of(whole, c.slice_elems, k);
     auto block = [&](int b) { return out + mod(b, n) * bytes + p.offset * c.elem; };
-    Step s = make(StepKind::kSend, c);
+    Step s = make_step(StepKind::kSend, c);
     s.send_peer = next;
     s.src = in + p.offset * c.elem;
     s.nbytes = p.count * c.elem;
     c.out->push_back(s);
     for (int j = 1; j <= n - 2; ++j) {
-      s = make(StepKind::kRecvCopySend, c);
+      s = make_step(StepKind::kRecvCopySend, c);
       s.recv_peer = prev;
       s.send_peer = next;
       s.dst = block(r - j);
       s.nbytes = p.count * c.elem;
       c.out->push_back(s);
     }
-    s = make(StepKind::kRecv, c);
+    s = make_step(StepKind::kRecv, c);
     s.recv_peer = prev;
     s.dst = block(r + 1);
     s.nbytes = p.count * c.elem;
