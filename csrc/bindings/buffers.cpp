@@ -124,11 +124,14 @@ Buffer from_array_interface(py::handle obj, const char* arg, bool writable) {
   py::dict ai = obj.attr("__array_interface__");
   py::tuple data = ai["data"];
   if (writable && data[1].cast<bool>()) throw ValueError(std::string(arg) + " is read-only");
+  Buffer b;
+  b.dtype = from_typestr(arg, ai["typestr"].cast<std::string>());
+  py::tuple shape = ai["shape"];
+  b.count = 1;
+  for (auto d : shape) b.count *= d.cast<size_t>();
   if (ai.contains("strides") && !ai["strides"].is_none()) {
     // Accept strides only if they describe the C-contiguous layout.
-    Buffer b;
-    b.dtype = from_typestr(arg, ai["typestr"].cast<std::string>());
-    py::tuple shape = ai["shape"], strides = ai["strides"];
+    py::tuple strides = ai["strides"];
     Py_ssize_t expect = static_cast<Py_ssize_t>(dtype_size(b.dtype));
     for (Py_ssize_t i = static_cast<Py_ssize_t>(shape.size()) - 1; i >= 0; --i) {
       Py_ssize_t dim = shape[i].cast<Py_ssize_t>();
@@ -138,10 +141,6 @@ Buffer from_array_interface(py::handle obj, const char* arg, bool writable) {
       expect *= dim;
     }
   }
-  Buffer b;
-  b.dtype = from_typestr(arg, ai["typestr"].cast<std::string>());
-  b.count = 1;
-  for (auto d : py::tuple(ai["shape"])) b.count *= d.cast<size_t>();
   b.ptr = reinterpret_cast<char*>(data[0].cast<uintptr_t>());
   b.present = true;
   return b;

@@ -122,8 +122,9 @@ Communicator::Call Communicator::collective(OpKind kind, DataType dtype, size_t 
 
 std::shared_ptr<Work> Communicator::all_reduce(Buffer x, ReduceOp op, bool async) {
   require_present(x, "tensor", "all_reduce");
-  make_reducer(x.dtype, op);  // throws ValueError for an op the dtype lacks
+  Reducer reducer = make_reducer(x.dtype, op);  // ValueError for an op the dtype lacks
   Call c = collective(OpKind::kAllReduce, x.dtype, x.count, "all_reduce");
+  c.reducer = reducer;
   c.a = x;
   c.redop = op;
   c.reduces = true;
@@ -144,8 +145,9 @@ std::shared_ptr<Work> Communicator::reduce_scatter(Buffer out, Buffer in, Reduce
     throw ValueError(std::string(name) + ": output overlaps input but is not input's block of rank " +
                      std::to_string(rank_));
   }
-  make_reducer(in.dtype, op);
+  Reducer reducer = make_reducer(in.dtype, op);
   Call c = collective(OpKind::kReduceScatter, in.dtype, out.count, name);
+  c.reducer = reducer;
   c.a = out;
   c.b = in;
   c.redop = op;
@@ -187,8 +189,9 @@ std::shared_ptr<Work> Communicator::broadcast(Buffer x, int src, bool async) {
 std::shared_ptr<Work> Communicator::reduce(Buffer x, int dst, ReduceOp op, bool async) {
   require_present(x, "tensor", "reduce");
   check_root(dst, "dst");
-  make_reducer(x.dtype, op);
+  Reducer reducer = make_reducer(x.dtype, op);
   Call c = collective(OpKind::kReduce, x.dtype, x.count, "reduce");
+  c.reducer = reducer;
   c.a = x;
   c.root = dst;
   c.tag.root = dst;
@@ -402,7 +405,7 @@ void Communicator::help(const Work* work) {
   while (!work->is_completed() && !running_ && !queue_.empty()) run_front(lk);
 }
 
-void Communicator::plan(Call& c, const Reducer* reducer) {
+void Communicator::plan(Call& c) {
   const size_t elem = dtype_size(static_cast<DataType>(c.tag.dtype));
   // Each ring round moves slices of a quarter of the FIFO depth, well below
   // the half that keeps the ring deadlock free (see algo/ring.cpp).
@@ -493,7 +496,6 @@ void Communicator::plan(Call& c, const Reducer* reducer) {
       all_pairs_barrier(ctx);
       break;
   }
-  (void)reducer;
 }
 
 // One send or recv; the pull form (single copy) for large messages, where it
@@ -527,13 +529,8 @@ void Communicator::execute(Call& c, Work& work) {
   Work::ErrorKind kind = Work::ErrorKind::kNone;
   std::string message;
   try {
-    Reducer reducer{};
-    const Reducer* rp = nullptr;
-    if (c.reduces) {
-      reducer = make_reducer(static_cast<DataType>(c.tag.dtype), c.redop);
-      rp = &reducer;
-    }
-    plan(c, rp);
+    const Reducer* rp = c.reduces ? &c.reducer : nullptr;
+    plan(c);
     CallInfo info{c.name, c.tag.seq, rank_, config_.timeout_s};
     const Clock::time_point deadline = deadline_from_now();
     executor_.run(schedule_, rp, deadline, info);

@@ -104,6 +104,7 @@ class Communicator {
     MsgTag tag;
     ReduceOp redop = ReduceOp::kSum;
     bool reduces = false;
+    Reducer reducer{};  // chosen (and checked) when the call is validated
     int root = -1;  // root, or the peer of send/recv
     bool is_send = false;
     Buffer a, b;    // a: in-place buffer or output, b: input
@@ -119,7 +120,7 @@ class Communicator {
   void execute_p2p(Item first);
   void fail(const std::string& message);
   Clock::time_point deadline_from_now() const;
-  void plan(Call& call, const Reducer* reducer);
+  void plan(Call& call);
   void plan_p2p(Call& call, const PlanContext& ctx);
   void worker_loop();
   void run_front(std::unique_lock<std::mutex>& lk);
