@@ -16,7 +16,7 @@ import harness
 from checks import BIG, compare, empty_buf, first_line, gen, make_buf
 
 WORLD_SIZES = [1, 2, 3, 4]
-SECTIONS = ("barrier", "send_recv", "async", "split", "threads", "bad_inputs")
+SECTIONS = ("barrier", "send_recv", "async", "split", "threads", "bad_inputs", "small_all_reduce")
 
 
 # ---------------------------------------------------------------------- sections
@@ -495,6 +495,54 @@ def section_bad_inputs(comm, fail):
             raise AssertionError("communicator out of step after a bad input; stopping")
 
 
+def section_small_all_reduce(comm, fail):
+    """The latency path of small synchronous all_reduce calls (comm/small_all_reduce.cpp):
+    every rank gets the same bits (inputs folded in rank order), at the size limit and
+    one element past it, and a rank whose call is queued behind an async one (the
+    general path) runs it together with ranks on the latency path."""
+    import ringcomm
+
+    r, ws = comm.rank, comm.world_size
+    # Non-associative float32 sums: the rank-order fold is the only right answer.
+    vals = np.array([1e8, 1.0, -1e8, 3.0, 0.5e-7, 7.0], np.float32)
+    for n in (1, 5, 16384, 16385):
+        x = np.resize(np.roll(vals, r), n).astype(np.float32) * np.float32(r + 1)
+        inputs = [np.resize(np.roll(vals, p), n).astype(np.float32) * np.float32(p + 1) for p in range(ws)]
+        exp = inputs[0].copy()
+        for p in range(1, ws):
+            exp = exp + inputs[p]
+        comm.all_reduce(x)
+        # One-shot sizes fold in rank order; past 64 KiB the ring folds each block
+        # in its own order (the same bits on every rank all the same).
+        if n <= 16384 and not np.array_equal(x, exp):
+            fail(f"float32 sum of {n}: not the rank-order fold (first differences at "
+                 f"{np.flatnonzero(x != exp)[:4]})")
+        if n > 16384 and not np.allclose(x, exp, rtol=0, atol=16 * ws):
+            fail(f"float32 sum of {n}: {x[:6]}, expected about {exp[:6]}")
+        everyone = np.empty(ws * n, np.float32)
+        comm.all_gather(everyone, x)
+        if not all(np.array_equal(everyone[p * n:(p + 1) * n], x) for p in range(ws)):
+            fail(f"float32 sum of {n}: ranks hold different bits")
+    y = np.full(7, 10 * (r + 1), np.int64)
+    comm.all_reduce(y, ringcomm.ReduceOp.AVG)
+    if not (y == 10 * (ws + 1) * ws // 2 // ws).all():
+        fail(f"int64 AVG: {y}")
+    # Rank 0 queues an async call first, so its next sync call waits in the queue
+    # (general path); the other ranks take the latency path for both.
+    for it in range(3):
+        a = np.full(3, r + it, np.float64)
+        b = np.full(2, 2 * r, np.int32)
+        if r == 0:
+            w = comm.all_reduce(a, async_op=True)
+            comm.all_reduce(b)
+            w.wait()
+        else:
+            comm.all_reduce(a)
+            comm.all_reduce(b)
+        if not (a == ws * (ws - 1) / 2 + ws * it).all() or not (b == ws * (ws - 1)).all():
+            fail(f"mixed paths, round {it}: got {a}, {b}")
+
+
 # ---------------------------------------------------------------- rank function
 
 def _all_sections(comm):
@@ -562,6 +610,11 @@ def test_two_communicators_two_threads(world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_bad_inputs(world_size):
     harness.assert_no_failures([r["bad_inputs"] for r in _results(world_size)])
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_small_all_reduce_path(world_size):
+    harness.assert_no_failures([r["small_all_reduce"] for r in _results(world_size)])
 
 
 def _sendrecv_ring(comm):

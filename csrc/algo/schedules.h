@@ -8,6 +8,10 @@
 
 namespace ringcomm {
 
+// Which family of schedules a call runs; carried in every message header
+// (MsgTag::algo), because all ranks of a call must run the same one.
+enum ScheduleFamily : uint8_t { kFamilyFifo = 0, kFamilyRing = 1, kFamilyOneShot = 2, kFamilyPull = 3 };
+
 struct PlanContext {
   int rank;
   int world;

@@ -7,5 +7,12 @@ namespace ringcomm {
 void bind_errors(pybind11::module_& m);
 void bind_types(pybind11::module_& m);
 void bind_communicator(pybind11::module_& m);
+// Replaces pybind11's wrappers of the latency-critical methods with plain
+// CPython ones (bind_fast_calls.cpp). After bind_communicator.
+void bind_fast_calls(pybind11::module_& m);
+
+// Inside a catch block of a plain CPython function: sets the Python error
+// pybind11 would have set for the exception in flight; returns nullptr.
+PyObject* raise_current_exception();
 
 }  // namespace ringcomm

@@ -1,32 +1,17 @@
 // Communicator, Config and Work. Buffers are read with the GIL held, then the
-// GIL is released for the whole native call (and for Work.wait).
+// GIL is released for the whole native call (and for Work.wait). all_reduce
+// is bound in bind_fast_calls.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
+#include "bindings/calls.h"
 #include "comm/communicator.h"
 
 namespace py = pybind11;
 
 namespace ringcomm {
-namespace {
-
-// Asynchronous calls keep their buffers alive through the Work (the Python
-// layer also holds in-flight Works until they complete).
-py::object finish(std::shared_ptr<Work> work, py::tuple keep) {
-  if (!work) return py::none();
-  py::object w = py::cast(std::move(work));
-  w.attr("_buffers") = std::move(keep);
-  return w;
-}
-
-ReduceOp to_op(int op) {
-  if (op < 0 || op >= kNumReduceOps) throw ValueError("op " + std::to_string(op) + " is not a ReduceOp");
-  return static_cast<ReduceOp>(op);
-}
-
-}  // namespace
 
 void bind_communicator(py::module_& m) {
   py::class_<Config>(m, "Config")
@@ -87,15 +72,6 @@ void bind_communicator(py::module_& m) {
       .def("error", &C::error)
       .def("close", &C::close, py::call_guard<py::gil_scoped_release>())
       .def("abort", &C::abort, py::call_guard<py::gil_scoped_release>())
-      .def("all_reduce", [](C& c, py::handle x, int op, bool async) {
-        Buffer b = buffer_from_python(x, "tensor", true);
-        std::shared_ptr<Work> w;
-        {
-          py::gil_scoped_release r;
-          w = c.all_reduce(b, to_op(op), async);
-        }
-        return finish(std::move(w), py::make_tuple(x));
-      })
       .def("reduce_scatter", [](C& c, py::handle out, py::handle in, int op, bool async) {
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;

@@ -9,11 +9,19 @@
 namespace py = pybind11;
 
 namespace ringcomm {
+namespace {
+
+PyObject* base_error = nullptr;
+PyObject* timeout_error = nullptr;
+
+}  // namespace
 
 void bind_errors(py::module_& m) {
   // pybind11 tries translators newest first: register the base class first.
   static py::exception<Error> base(m, "RingcommError", PyExc_RuntimeError);
   static py::exception<TimeoutError> timeout(m, "TimeoutError", base.ptr());
+  base_error = base.ptr();
+  timeout_error = timeout.ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -27,6 +35,27 @@ void bind_errors(py::module_& m) {
       py::set_error(PyExc_ValueError, e.what());
     }
   });
+}
+
+PyObject* raise_current_exception() {
+  try {
+    throw;
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const TimeoutError& e) {
+    PyErr_SetString(timeout_error, e.what());
+  } catch (const Error& e) {
+    PyErr_SetString(base_error, e.what());
+  } catch (const TypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } catch (const ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "ringcomm: unknown C++ exception");
+  }
+  return nullptr;
 }
 
 }  // namespace ringcomm

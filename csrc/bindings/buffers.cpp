@@ -2,7 +2,8 @@
 
 #include <cstring>
 #include <string>
-#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -53,10 +54,12 @@ DataType from_typestr(const char* arg, const std::string& t) {
 }
 
 DataType from_torch_dtype(const char* arg, py::handle dtype) {
-  // torch dtypes are singletons: cache their mapping by identity.
-  static std::unordered_map<PyObject*, DataType> cache;
-  auto it = cache.find(dtype.ptr());
-  if (it != cache.end()) return it->second;
+  // torch dtypes are singletons: remember their mapping by identity (a few
+  // pointers compared: cheaper than hashing, and there are 9 of them).
+  static std::vector<std::pair<PyObject*, DataType>> seen;
+  for (const auto& [p, t] : seen) {
+    if (p == dtype.ptr()) return t;
+  }
   std::string name = py::str(dtype);
   static const std::pair<const char*, DataType> names[] = {
       {"torch.float16", DataType::kFloat16}, {"torch.bfloat16", DataType::kBFloat16},
@@ -66,7 +69,7 @@ DataType from_torch_dtype(const char* arg, py::handle dtype) {
       {"torch.bool", DataType::kBool}};
   for (auto& [n, t] : names) {
     if (name == n) {
-      cache.emplace(dtype.inc_ref().ptr(), t);
+      seen.emplace_back(dtype.inc_ref().ptr(), t);
       return t;
     }
   }
@@ -92,7 +95,7 @@ Buffer from_torch(py::handle obj, const char* arg) {
   static PyObject* is_cpu = PyUnicode_InternFromString("is_cpu");
   static PyObject* is_contiguous = PyUnicode_InternFromString("is_contiguous");
   static PyObject* dtype = PyUnicode_InternFromString("dtype");
-  static PyObject* numel = PyUnicode_InternFromString("numel");
+  static PyObject* nbytes = PyUnicode_InternFromString("nbytes");
   static PyObject* data_ptr = PyUnicode_InternFromString("data_ptr");
   auto get = [&](PyObject* name) { return py::reinterpret_steal<py::object>(PyObject_GetAttr(obj.ptr(), name)); };
   auto call = [&](PyObject* name) {
@@ -113,7 +116,9 @@ Buffer from_torch(py::handle obj, const char* arg) {
   py::object dt = get(dtype);
   if (!dt) throw py::error_already_set();
   b.dtype = from_torch_dtype(arg, dt);
-  b.count = PyLong_AsSize_t(call(numel).ptr());
+  py::object size = get(nbytes);  // a property: cheaper than numel()
+  if (!size) throw py::error_already_set();
+  b.count = PyLong_AsSize_t(size.ptr()) / dtype_size(b.dtype);
   b.ptr = reinterpret_cast<char*>(PyLong_AsVoidPtr(call(data_ptr).ptr()));
   if (PyErr_Occurred()) throw py::error_already_set();
   b.present = true;

@@ -9,4 +9,5 @@ PYBIND11_MODULE(_C, m) {
   ringcomm::bind_errors(m);
   ringcomm::bind_types(m);
   ringcomm::bind_communicator(m);
+  ringcomm::bind_fast_calls(m);
 }

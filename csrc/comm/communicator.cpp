@@ -41,10 +41,15 @@ Communicator::Communicator(int rank, int world, Config config)
       router_(rank, world, shm_.get()),
       executor_(&router_, rank, world, config_.wait),
       scratch_(static_cast<size_t>(world) * config_.oneshot_max_bytes),
+      small_in_(world),
       addrs_(world),
       send_seq_(world),
       recv_seq_(world) {
   schedule_.reserve(1024);
+  // Sizes the general path runs one-shot in a single segment (see plan()).
+  small_path_ = config_.algo == "auto" || config_.algo == "oneshot";
+  small_max_bytes_ = config_.algo == "auto" ? std::min(config_.oneshot_max_bytes, config_.slot_bytes)
+                                            : config_.slot_bytes;
 }
 
 Communicator::~Communicator() {
@@ -123,6 +128,7 @@ Communicator::Call Communicator::collective(OpKind kind, DataType dtype, size_t 
 std::shared_ptr<Work> Communicator::all_reduce(Buffer x, ReduceOp op, bool async) {
   require_present(x, "tensor", "all_reduce");
   Reducer reducer = make_reducer(x.dtype, op);  // ValueError for an op the dtype lacks
+  if (!async && small_all_reduce(x, op, reducer)) return nullptr;
   Call c = collective(OpKind::kAllReduce, x.dtype, x.count, "all_reduce");
   c.reducer = reducer;
   c.a = x;
@@ -413,28 +419,26 @@ void Communicator::plan(Call& c) {
   const size_t slice = std::max<size_t>(1, segments * config_.slot_bytes / elem);
   PlanContext ctx{rank_, world_, elem, slice, &c.tag, &schedule_, addrs_.data()};
   const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
-  // Tag ids of the schedule families (both ends must run the same one).
-  enum : uint8_t { kFifo = 0, kRing = 1, kOneShot = 2, kPull = 3 };
   schedule_.clear();
   // Collectives use the FIFO schedules unless pull is forced: measured here,
   // their cache-resident slots beat the kernel's cross-process copy (README,
   // Performance). Decided from what every rank knows alike.
   const bool pull = pull_ok_ && config_.algo == "pull";
-  c.tag.algo = pull ? kPull : kFifo;
+  c.tag.algo = pull ? kFamilyPull : kFamilyFifo;
   switch (c.kind) {
     case OpKind::kAllReduce: {
       const size_t bytes = c.a.nbytes();
       const std::string& algo = config_.algo;
       const bool auto_ = algo == "auto";
       if (algo == "oneshot" || (auto_ && bytes <= config_.oneshot_max_bytes)) {
-        c.tag.algo = kOneShot;
+        c.tag.algo = kFamilyOneShot;
         if (scratch_.size() < bytes * world_) scratch_.resize(bytes * world_);
         oneshot_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
       } else if (pull) {
-        c.tag.algo = kPull;
+        c.tag.algo = kFamilyPull;
         pull_all_reduce(ctx, c.a.ptr, c.a.count, avg);
       } else {
-        c.tag.algo = kRing;
+        c.tag.algo = kFamilyRing;
         ring_all_reduce(ctx, c.a.ptr, c.a.count, avg);
       }
       break;
@@ -492,7 +496,7 @@ void Communicator::plan(Call& c) {
       plan_p2p(c, ctx);
       break;
     case OpKind::kBarrier:
-      c.tag.algo = kFifo;
+      c.tag.algo = kFamilyFifo;
       all_pairs_barrier(ctx);
       break;
   }
@@ -503,7 +507,7 @@ void Communicator::plan(Call& c) {
 // and dtype anyway).
 void Communicator::plan_p2p(Call& c, const PlanContext& ctx) {
   const bool pull = pull_ok_ && (config_.algo == "pull" || c.a.nbytes() >= config_.pull_min_bytes);
-  c.tag.algo = pull ? 3 : 0;
+  c.tag.algo = pull ? kFamilyPull : kFamilyFifo;
   if (c.is_send) {
     if (pull) {
       pull_send(ctx, c.root, c.a.ptr);

@@ -114,6 +114,10 @@ class Communicator {
   using Item = std::pair<Call, std::shared_ptr<Work>>;
 
   std::shared_ptr<Work> submit(Call call, bool async);
+  // The latency path of a small synchronous all_reduce (comm/small_all_reduce.cpp).
+  // Returns false, having done nothing, when the call must take the general path.
+  bool small_all_reduce(const Buffer& x, ReduceOp op, const Reducer& reducer);
+  void run_small_all_reduce(const Buffer& x, const MsgTag& tag, const Reducer& reducer, bool avg);
   void assign_seq(Call& call);
   std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify);
   void execute(Call& call, Work& work);
@@ -139,6 +143,9 @@ class Communicator {
   Executor executor_;
   Schedule schedule_;           // reused by every call (one call runs at a time)
   std::vector<char> scratch_;   // one-shot all_reduce inputs
+  std::vector<const char*> small_in_;  // small all_reduce: the inputs, by rank
+  bool small_path_ = false;            // small all_reduce: on (the algorithm allows one-shot) ...
+  size_t small_max_bytes_ = 0;         // ... up to this size (one segment)
   std::vector<uint64_t> addrs_;  // pull schedules: published buffer addresses
   bool pull_ok_ = false;
 

@@ -11,14 +11,19 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-static inline void cpu_relax() { _mm_pause(); }
-#elif defined(__aarch64__)
-static inline void cpu_relax() { asm volatile("yield" ::: "memory"); }
-#else
-static inline void cpu_relax() {}
 #endif
 
 namespace ringcomm {
+
+void relax_cpu() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+void yield_cpu() { sched_yield(); }
 namespace {
 
 // Steps beyond the first incomplete one that a pass looks at. The FIFO order
@@ -73,18 +78,18 @@ void Executor::pull(Step& s, const Reducer* reducer) {
   }
 }
 
-void Executor::check_header(const Step& s, const MsgHeader& h, size_t expect_bytes) {
-  if (!(h.tag == *s.tag)) {
+void Executor::check_header(const MsgTag& expect, int peer, uint64_t segment, const MsgHeader& h,
+                            size_t expect_bytes) const {
+  if (!(h.tag == expect)) {
     throw Error("ringcomm: mismatched calls: rank " + std::to_string(rank_) + " is in " +
-                describe_tag(*s.tag) + " but rank " + std::to_string(s.recv_peer) + " sent " +
+                describe_tag(expect) + " but rank " + std::to_string(peer) + " sent " +
                 describe_tag(h.tag) + "; all ranks must issue the same collectives in the same order");
   }
-  if (h.segment != s.segment || h.nbytes != expect_bytes) {
-    throw Error("ringcomm: " + describe_tag(*s.tag) + " on rank " + std::to_string(rank_) +
-                ": expected segment " + std::to_string(s.segment) + " of " +
-                std::to_string(expect_bytes) + " bytes from rank " + std::to_string(s.recv_peer) +
-                ", got segment " + std::to_string(h.segment) + " of " + std::to_string(h.nbytes) +
-                " bytes");
+  if (h.segment != segment || h.nbytes != expect_bytes) {
+    throw Error("ringcomm: " + describe_tag(expect) + " on rank " + std::to_string(rank_) +
+                ": expected segment " + std::to_string(segment) + " of " + std::to_string(expect_bytes) +
+                " bytes from rank " + std::to_string(peer) + ", got segment " + std::to_string(h.segment) +
+                " of " + std::to_string(h.nbytes) + " bytes");
   }
 }
 
@@ -127,7 +132,7 @@ bool Executor::advance(Step& s, const Reducer* reducer) {
     if (in) {
       h = in->recv_peek(&payload);
       if (!h) break;
-      check_header(s, *h, n);
+      check_header(*s.tag, s.recv_peer, s.segment, *h, n);
     }
     char* slot_ptr = nullptr;
     if (out) {
@@ -219,7 +224,7 @@ bool Executor::pass(Schedule& steps, const Reducer* reducer, size_t window) {
   return moved;
 }
 
-void Executor::check_peers_alive(const Schedule& steps) {
+void Executor::check_peers_alive() {
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
     std::string why = transport_->peer_abort_reason(p);
@@ -251,49 +256,13 @@ void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
 
 void Executor::run(Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
                    const CallInfo& info, const std::function<bool()>* refill) {
-  info_ = &info;
   first_ = 0;
   const size_t window = refill ? SIZE_MAX / 2 : window_for(world_);
-  auto step = [&] {
-    bool changed = refill && (*refill)();
-    return pass(steps, reducer, window) || changed;
-  };
-  uint64_t idle = 0;
-  Clock::time_point idle_since;
-  enum { kSpin, kYield, kSleep } phase = kSpin;
-  for (;;) {
-    if (step()) {
-      idle = 0;
-      continue;
-    }
-    if (first_ >= steps.size()) return;
-    if (idle++ == 0) {
-      idle_since = Clock::now();
-      phase = kSpin;
-    }
-    if ((idle & 63) == 0) {
-      Clock::time_point now = Clock::now();
-      if (now > deadline) fail_timeout(steps, *info_);
-      auto waited = now - idle_since;
-      phase = waited < policy_.spin ? kSpin : waited < policy_.spin + policy_.yield ? kYield : kSleep;
-      if (phase != kSpin) check_peers_alive(steps);
-    }
-    if (phase == kSpin) {
-      // A yield now and then costs little when the core is ours, and lets a
-      // peer that shares this core run (more ranks than cores, or other load).
-      if ((idle & 255) == 0) {
-        sched_yield();
-      } else {
-        cpu_relax();
-      }
-    } else if (phase == kYield) {
-      sched_yield();
-    } else {
-      bool moved = false;
-      transport_->sleep(deadline, [&] { return moved = step(); });
-      if (moved) idle = 0;
-    }
-  }
+  drive([&] {
+          bool changed = refill && (*refill)();
+          return pass(steps, reducer, window) || changed;
+        },
+        [&] { return first_ >= steps.size(); }, deadline, info, [&] { fail_timeout(steps, *info_); });
 }
 
 }  // namespace ringcomm

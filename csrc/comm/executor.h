@@ -12,6 +12,9 @@
 
 namespace ringcomm {
 
+void relax_cpu();  // a pause instruction
+void yield_cpu();  // sched_yield
+
 // How long a rank with nothing to do spins, then yields the CPU, before it
 // sleeps on the transport (waking a sleeper costs tens of microseconds on a
 // VM; spinning for long starves oversubscribed ranks).
@@ -45,13 +48,26 @@ class Executor {
   void run(Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
            const CallInfo& info, const std::function<bool()>* refill = nullptr);
 
+  // The waiting loop of run(), for callers that move data themselves (the
+  // small all_reduce path): calls `step` (returns whether anything moved)
+  // until `done()`, spinning, yielding, then sleeping between fruitless
+  // steps; past the deadline calls `on_timeout` (which must throw); fails
+  // when a peer announced an abort.
+  template <class StepF, class DoneF, class TimeoutF>
+  void drive(StepF&& step, DoneF&& done, const Clock::time_point& deadline, const CallInfo& info,
+             TimeoutF&& on_timeout);
+
+  // Throws the mismatch error unless `h` is segment `segment` of `expect`
+  // with `expect_bytes` bytes, as sent by rank `peer`.
+  void check_header(const MsgTag& expect, int peer, uint64_t segment, const MsgHeader& h,
+                    size_t expect_bytes) const;
+
  private:
   bool pass(Schedule& steps, const Reducer* reducer, size_t window);
   bool advance(Step& s, const Reducer* reducer);
   void pull(Step& s, const Reducer* reducer);
-  void check_header(const Step& s, const MsgHeader& h, size_t expect_bytes);
   [[noreturn]] void fail_timeout(const Schedule& steps, const CallInfo& info);
-  void check_peers_alive(const Schedule& steps);
+  void check_peers_alive();
 
   Transport* transport_;
   int rank_;
@@ -62,5 +78,47 @@ class Executor {
   std::vector<char> pull_tmp_;
   const CallInfo* info_ = nullptr;
 };
+
+template <class StepF, class DoneF, class TimeoutF>
+void Executor::drive(StepF&& step, DoneF&& done, const Clock::time_point& deadline, const CallInfo& info,
+                     TimeoutF&& on_timeout) {
+  info_ = &info;
+  uint64_t idle = 0;
+  Clock::time_point idle_since;
+  enum { kSpin, kYield, kSleep } phase = kSpin;
+  for (;;) {
+    if (step()) {
+      idle = 0;
+      continue;
+    }
+    if (done()) return;
+    if (idle++ == 0) {
+      idle_since = Clock::now();
+      phase = kSpin;
+    }
+    if ((idle & 63) == 0) {
+      Clock::time_point now = Clock::now();
+      if (now > deadline) on_timeout();
+      auto waited = now - idle_since;
+      phase = waited < policy_.spin ? kSpin : waited < policy_.spin + policy_.yield ? kYield : kSleep;
+      if (phase != kSpin) check_peers_alive();
+    }
+    if (phase == kSpin) {
+      // A yield now and then costs little when the core is ours, and lets a
+      // peer that shares this core run (more ranks than cores, or other load).
+      if ((idle & 255) == 0) {
+        yield_cpu();
+      } else {
+        relax_cpu();
+      }
+    } else if (phase == kYield) {
+      yield_cpu();
+    } else {
+      bool moved = false;
+      transport_->sleep(deadline, [&] { return moved = step(); });
+      if (moved) idle = 0;
+    }
+  }
+}
 
 }  // namespace ringcomm

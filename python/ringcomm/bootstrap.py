@@ -198,7 +198,12 @@ def exchange(store, prefix, rank, world_size, info, timeout_s):
     store.set(f"{prefix}/info/{rank}", json.dumps(info))
     keys = [f"{prefix}/info/{r}" for r in range(world_size)]
     wait_keys(store, keys, timeout_s, "waiting for the other ranks to join", rank)
-    return [json.loads(bytes(store.get(k)).decode()) for k in keys]
+    return [json.loads(_text(store.get(k))) for k in keys]
+
+
+def _text(value):
+    # torch's stores return bytes; a plain Python store may hand back the str it was given.
+    return value if isinstance(value, str) else bytes(value).decode()
 
 
 def barrier(store, prefix, name, rank, world_size, timeout_s):

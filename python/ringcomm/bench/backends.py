@@ -65,7 +65,7 @@ class RingcommBackend(Backend):
     name = "ringcomm"
 
     def __init__(self, rank: int, world_size: int, store, timeout_s: float,
-                 transport: Optional[str], algo: Optional[str]):
+                 transport: Optional[str], algo: Optional[str], buffers: str = "numpy"):
         try:
             import ringcomm
         except ImportError as e:
@@ -90,11 +90,21 @@ class RingcommBackend(Backend):
         self.transport = os.environ.get("RINGCOMM_TRANSPORT") or (
             "auto of " + "/".join(built) if built else "auto")
         self.algo = os.environ.get("RINGCOMM_ALGO", "auto")
+        self.buffers = buffers
         self.notes = {}
 
     def describe(self) -> Dict[str, str]:
         return {"version": str(getattr(self.rc, "__version__", "?")),
-                "transport": self.transport, "algo": self.algo}
+                "transport": self.transport, "algo": self.algo,
+                "buffers": "numpy arrays" if self.buffers == "numpy" else "torch tensors"}
+
+    def _view(self, buf):
+        # Same memory either way; numpy where asked and numpy has the type.
+        if buf is None:
+            return None
+        if self.buffers == "numpy" and buf.array is not None:
+            return buf.array
+        return buf.tensor
 
     def unsupported(self, coll, dtype, redop):
         if coll.name == "sendrecv" and self.world_size < 2:
@@ -102,26 +112,29 @@ class RingcommBackend(Backend):
         return None
 
     def bind(self, coll, bufs, redop, root):
-        rc, comm = self.rc, self.comm
-        out = bufs.output.tensor
-        inp = bufs.input.tensor if bufs.input is not None else None
+        # The communicator's methods with the op resolved once, as the MPI
+        # backend calls its communicator with MPI.SUM.
+        comm = self.comm
+        out = self._view(bufs.output)
+        inp = self._view(bufs.input)
         name = coll.name
+        op = self.rc.ReduceOp[redop.upper()] if coll.reduces else None
         if name == "all_reduce":
-            return lambda: rc.all_reduce(out, op=redop, comm=comm)
+            return lambda: comm.all_reduce(out, op)
         if name == "reduce_scatter":
-            return lambda: rc.reduce_scatter(out, inp, op=redop, comm=comm)
+            return lambda: comm.reduce_scatter(out, inp, op)
         if name == "all_gather":
-            return lambda: rc.all_gather(out, inp, comm=comm)
+            return lambda: comm.all_gather(out, inp)
         if name == "broadcast":
-            return lambda: rc.broadcast(out, src=root, comm=comm)
+            return lambda: comm.broadcast(out, root)
         if name == "reduce":
-            return lambda: rc.reduce(out, dst=root, op=redop, comm=comm)
+            return lambda: comm.reduce(out, root, op)
         if name == "scatter":
-            return lambda: rc.scatter(out, inp, src=root, comm=comm)
+            return lambda: comm.scatter(out, inp, root)
         if name == "gather":
-            return lambda: rc.gather(out, inp, dst=root, comm=comm)
+            return lambda: comm.gather(out, inp, root)
         if name == "all_to_all":
-            return lambda: rc.all_to_all(out, inp, comm=comm)
+            return lambda: comm.all_to_all(out, inp)
         if name == "sendrecv":
             nxt, prv = (self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size
 

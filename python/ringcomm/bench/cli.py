@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="local ranks to start when not under torchrun/mpirun (default %(default)s)")
     a("--transport", default=None, help="ringcomm transport (sets RINGCOMM_TRANSPORT): shm, tcp")
     a("--algo", default=None, help="ringcomm algorithm (sets RINGCOMM_ALGO): ring, oneshot")
+    a("--ringcomm-buffers", choices=("numpy", "torch"), default="numpy",
+      help="what ringcomm is handed on the CPU: numpy arrays, as MPI is (default; bfloat16 has no "
+           "numpy type and always goes as a torch tensor), or torch tensors over the same memory "
+           "(reading a tensor's pointer through torch's Python API costs ~0.25 us a call)")
     a("--budget", type=float, default=0.4,
       help="seconds of timed iterations per size and backend before -n is cut "
            "(default %(default)s)")
@@ -199,7 +203,7 @@ class Sweep:
             try:
                 if name == "ringcomm":
                     backend = RingcommBackend(info.rank, info.world_size, store, args.timeout,
-                                              args.transport, args.algo)
+                                              args.transport, args.algo, args.ringcomm_buffers)
                 elif name == "mpi":
                     backend = MpiBackend()
                 else:
