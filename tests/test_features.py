@@ -619,7 +619,8 @@ def test_small_all_reduce_path(world_size):
 
 def _sendrecv_ring(comm):
     """sendrecv around the ring (every rank sends to the next and receives from the
-    previous at once), small and far larger than the FIFOs; bad peers rejected."""
+    previous at once), small and far larger than the FIFOs; bad peers rejected; then a
+    broadcast and an all_gather past the streaming-copy size at odd offsets."""
     import ringcomm
 
     r, ws = comm.rank, comm.world_size
@@ -637,6 +638,21 @@ def _sendrecv_ring(comm):
         except ValueError as e:
             if "dst" not in str(e):
                 fails.append(f"sendrecv dst={bad}: message does not name dst: {e}")
+    # Messages past 8 MiB are written out with non-temporal stores: odd sizes at
+    # odd offsets within a page, broadcast and all_gather.
+    n = (8 << 20) + 13
+    base = np.zeros(n + 8, np.uint8)
+    b = base[3:3 + n]
+    if r == 1:
+        b[:] = np.arange(n, dtype=np.uint64).astype(np.uint8)
+    comm.broadcast(b, 1)
+    if not np.array_equal(b, np.arange(n, dtype=np.uint64).astype(np.uint8)) or base[:3].any() or base[3 + n:].any():
+        fails.append("broadcast of 8 MiB + 13 bytes at offset 3: wrong data or bytes outside touched")
+    k = (3 << 20) + 5
+    out = np.zeros(ws * k + 1, np.uint8)[1:]
+    comm.all_gather(out, np.full(k, r + 1, np.uint8))
+    if not all((out[p * k:(p + 1) * k] == p + 1).all() for p in range(ws)):
+        fails.append("all_gather of 3 x (3 MiB + 5 bytes) at offset 1: wrong data")
     x = np.ones(8, np.float32)
     comm.all_reduce(x)
     if not (x == ws).all():

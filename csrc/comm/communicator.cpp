@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "algo/schedules.h"
+#include "ringcomm/copy.h"
 #include "ringcomm/reducer.h"
 
 namespace ringcomm {
@@ -537,6 +538,7 @@ void Communicator::execute(Call& c, Work& work) {
     plan(c);
     CallInfo info{c.name, c.tag.seq, rank_, config_.timeout_s};
     const Clock::time_point deadline = deadline_from_now();
+    executor_.set_streaming(c.a.nbytes() >= kStreamingCopyMinBytes);  // c.a: the output
     executor_.run(schedule_, rp, deadline, info);
     work.complete();
     return;
@@ -630,6 +632,7 @@ void Communicator::execute_p2p(Item first) {
   info = members.front().info;
   try {
     // run() returns after a refill that found every member complete.
+    executor_.set_streaming(false);  // per step: a receive is one step
     executor_.run(schedule_, nullptr, deadline, info, &refill);
     return;
   } catch (const TimeoutError& e) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "comm/describe.h"
+#include "ringcomm/copy.h"
 #include "ringcomm/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -113,7 +114,12 @@ bool Executor::advance(Step& s, const Reducer* reducer) {
   if (is_local(s.kind)) {
     if (s.kind == StepKind::kFence) {
     } else if (s.kind == StepKind::kLocalCopy) {
-      if (s.nbytes) std::memmove(s.dst, s.src, s.nbytes);
+      const bool apart = s.dst + s.nbytes <= s.src || s.src + s.nbytes <= s.dst;
+      if (s.nbytes >= kStreamingCopyMinBytes && apart) {
+        copy_streaming(s.dst, s.src, s.nbytes);
+      } else if (s.nbytes) {
+        std::memmove(s.dst, s.src, s.nbytes);
+      }
     } else {
       size_t n = s.nbytes / reducer->elem_size;
       reducer->fn(s.dst, s.src, s.src2, n);
@@ -148,7 +154,11 @@ bool Executor::advance(Step& s, const Reducer* reducer) {
         if (n) std::memcpy(slot_ptr, s.src + s.done, n);
         break;
       case StepKind::kRecv:
-        if (n) std::memcpy(s.dst + s.done, payload, n);
+        if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
+          copy_streaming(s.dst + s.done, payload, n);
+        } else if (n) {
+          std::memcpy(s.dst + s.done, payload, n);
+        }
         break;
       case StepKind::kRecvReduce:
         reducer->fn(s.dst + s.done, s.src + s.done, payload, elems);
@@ -163,9 +173,13 @@ bool Executor::advance(Step& s, const Reducer* reducer) {
         if (n) std::memcpy(slot_ptr, s.dst + s.done, n);
         break;
       case StepKind::kRecvCopySend:
-        if (n) {
+        // Both copies read the payload (in cache), not dst (it may have been
+        // written around the cache).
+        if (n) std::memcpy(slot_ptr, payload, n);
+        if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
+          copy_streaming(s.dst + s.done, payload, n);
+        } else if (n) {
           std::memcpy(s.dst + s.done, payload, n);
-          std::memcpy(slot_ptr, s.dst + s.done, n);
         }
         break;
       default:

@@ -35,6 +35,10 @@ class Executor {
  public:
   Executor(Transport* transport, int rank, int world, WaitPolicy policy);
   void set_policy(WaitPolicy policy) { policy_ = policy; }
+  // Whether the call about to run writes a destination so large that data
+  // received is copied out around the caches (ringcomm/copy.h); each step of
+  // at least kStreamingCopyMinBytes is anyway.
+  void set_streaming(bool on) { streaming_ = on; }
 
   // Runs `steps` to completion. Throws TimeoutError (naming the op, sequence
   // number, this rank and the peer waited for) or Error (mismatched headers,
@@ -74,6 +78,7 @@ class Executor {
   int world_;
   WaitPolicy policy_;
   size_t first_ = 0;  // first incomplete step
+  bool streaming_ = false;
   std::vector<uint8_t> send_busy_, recv_busy_;
   std::vector<char> pull_tmp_;
   const CallInfo* info_ = nullptr;
