@@ -11,6 +11,10 @@ void bind_communicator(pybind11::module_& m);
 // CPython ones (bind_fast_calls.cpp). After bind_communicator.
 void bind_fast_calls(pybind11::module_& m);
 
+#ifdef RINGCOMM_WITH_CUDA
+void bind_cuda(pybind11::module_& m);  // bindings/cuda/bind_cuda.cpp
+#endif
+
 // Inside a catch block of a plain CPython function: sets the Python error
 // pybind11 would have set for the exception in flight; returns nullptr.
 PyObject* raise_current_exception();

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings/bind.h"
+#include "bindings/buffers.h"
 #include "ringcomm/types.h"
 
 namespace py = pybind11;
@@ -13,6 +14,7 @@ namespace {
 
 PyObject* base_error = nullptr;
 PyObject* timeout_error = nullptr;
+PyObject* device_buffer_error = nullptr;
 
 }  // namespace
 
@@ -20,8 +22,10 @@ void bind_errors(py::module_& m) {
   // pybind11 tries translators newest first: register the base class first.
   static py::exception<Error> base(m, "RingcommError", PyExc_RuntimeError);
   static py::exception<TimeoutError> timeout(m, "TimeoutError", base.ptr());
+  static py::exception<DeviceBufferError> device(m, "DeviceBufferError", PyExc_ValueError);
   base_error = base.ptr();
   timeout_error = timeout.ptr();
+  device_buffer_error = device.ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -29,6 +33,8 @@ void bind_errors(py::module_& m) {
       py::set_error(timeout, e.what());
     } catch (const Error& e) {
       py::set_error(base, e.what());
+    } catch (const DeviceBufferError& e) {
+      py::set_error(device, e.what());
     } catch (const TypeError& e) {
       py::set_error(PyExc_TypeError, e.what());
     } catch (const ValueError& e) {
@@ -46,6 +52,8 @@ PyObject* raise_current_exception() {
     PyErr_SetString(timeout_error, e.what());
   } catch (const Error& e) {
     PyErr_SetString(base_error, e.what());
+  } catch (const DeviceBufferError& e) {
+    PyErr_SetString(device_buffer_error, e.what());
   } catch (const TypeError& e) {
     PyErr_SetString(PyExc_TypeError, e.what());
   } catch (const ValueError& e) {

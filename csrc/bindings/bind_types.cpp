@@ -16,8 +16,22 @@ namespace ringcomm {
 void bind_types(py::module_& m) {
   m.def("build_info", [] {
     py::dict d;
+#ifdef RINGCOMM_WITH_CUDA
+    // Compiled in; whether a GPU and NCCL are present is asked at run time
+    // (ringcomm.cuda_available(), ringcomm.nccl_version()).
+    d["cuda"] = true;
+    d["cuda_toolkit"] = RINGCOMM_CUDA_TOOLKIT_VERSION;
+    d["cuda_archs"] = RINGCOMM_CUDA_ARCHS;
+    d["nccl"] = true;  // the NCCL transport (libnccl.so.2 loaded on first use)
+#ifdef RINGCOMM_HAVE_NCCL_H
+    d["nccl_declarations"] = "checked against nccl.h";
+#else
+    d["nccl_declarations"] = "ringcomm's own (no nccl.h at build time)";
+#endif
+#else
     d["cuda"] = false;
     d["nccl"] = false;
+#endif
     d["transports"] = py::make_tuple("shm", "tcp");
     d["reduce_isa"] = reducer_isa();
     d["compiler"] = __VERSION__;

@@ -106,8 +106,9 @@ Buffer from_torch(py::handle obj, const char* arg) {
   py::object cpu = get(is_cpu);
   if (!cpu) throw py::error_already_set();
   if (cpu.ptr() != Py_True) {
-    throw ValueError(std::string(arg) + " is on device " + std::string(py::str(obj.attr("device"))) +
-                     "; this build of ringcomm handles CPU tensors only");
+    const std::string where = std::string(arg) + " is on device " + std::string(py::str(obj.attr("device")));
+    if (obj.attr("is_cuda").ptr() == Py_True) throw DeviceBufferError(where);
+    throw ValueError(where + "; ringcomm takes CPU and CUDA tensors");
   }
   if (call(is_contiguous).ptr() != Py_True) {
     throw ValueError(std::string(arg) + " must be contiguous (call .contiguous() first)");
@@ -185,6 +186,15 @@ Buffer buffer_from_python(py::handle obj, const char* arg, bool writable, bool a
     return b;
   }
   if (py::hasattr(obj, "__array_interface__")) return from_array_interface(obj, arg, writable);
+  if (py::hasattr(obj, "__cuda_array_interface__")) {
+    throw DeviceBufferError(std::string(arg) + " is in GPU memory (__cuda_array_interface__)");
+  }
+  if (py::hasattr(obj, "__dlpack_device__")) {
+    py::tuple dev = obj.attr("__dlpack_device__")();
+    if (dev.size() >= 1 && dev[0].cast<int>() != 1) {  // 1: kDLCPU
+      throw DeviceBufferError(std::string(arg) + " is on DLPack device type " + std::to_string(dev[0].cast<int>()));
+    }
+  }
   throw TypeError(std::string(arg) + " must be a numpy array, a torch tensor or an object with the "
                   "buffer protocol / __array_interface__; got " +
                   std::string(py::str(py::type::handle_of(obj).attr("__name__"))));

@@ -9,6 +9,14 @@
 
 namespace ringcomm {
 
+// Raised for a buffer in GPU memory (a CUDA torch tensor, an object with
+// __cuda_array_interface__ or a CUDA DLPack device): the Python layer sends
+// such calls down the GPU path (ringcomm/cuda.py). A ValueError in Python.
+class DeviceBufferError : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
 // `arg` names the argument in error messages. None gives an absent Buffer
 // when `allow_none`, else a ValueError. Raises TypeError for unsupported
 // objects or dtypes, ValueError for non-contiguous, read-only (when

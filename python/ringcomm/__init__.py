@@ -6,6 +6,7 @@
     work = ringcomm.all_gather(out, x, async_op=True); work.wait()
     ringcomm.finalize()
 """
+from ringcomm import cuda
 from ringcomm._C import build_info
 from ringcomm.collectives import (
     all_gather,
@@ -43,6 +44,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "build_info",
+    "cuda",
     "finalize",
     "gather",
     "get_default",

@@ -8,6 +8,7 @@ worker thread.
 import os
 
 from ringcomm import _C, bootstrap
+from ringcomm._C import DeviceBufferError as _DeviceBuffer
 from ringcomm.errors import RingcommError
 from ringcomm.reduce_op import ReduceOp, op_value
 
@@ -24,6 +25,7 @@ class Communicator:
         self._splits = 0
         self._inflight = []
         self._native = None
+        self._gpu_path = None
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
         native = _C.Communicator(rank, world_size, config)
@@ -147,66 +149,140 @@ class Communicator:
         return work
 
     # -- collectives ----------------------------------------------------------
-    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False):
+    # Every collective takes numpy arrays and CPU tensors (the shared-memory / TCP
+    # path) or CUDA tensors and arrays (the GPU path, ringcomm/cuda.py: `stream=`
+    # orders the call after that stream's work, default the framework's current
+    # stream; `algo=` picks "nccl" or "ring" for that call). The native CPU call
+    # tells a GPU buffer apart by raising DeviceBufferError, so CPU calls pay
+    # nothing for the GPU path.
+
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, stream=None, algo=None):
         """Reduces `tensor` across ranks, in place on every rank."""
         # The latency-critical call: no helper calls on the synchronous path.
-        native = self._native
-        if native is None:
-            self._c()
-        w = native.all_reduce(tensor, _OP_VALUE.get(op) if type(op) is ReduceOp else op_value(op), async_op)
-        return w if w is None else self._track(w, tensor)
+        if stream is None and algo is None:
+            native = self._native
+            if native is None:
+                self._c()
+            try:
+                w = native.all_reduce(tensor, _OP_VALUE.get(op) if type(op) is ReduceOp else op_value(op),
+                                      async_op)
+                return w if w is None else self._track(w, tensor)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().all_reduce(tensor, op_value(op), async_op, stream, algo)
 
-    def reduce_scatter(self, output, input, op=ReduceOp.SUM, async_op=False):
+    def reduce_scatter(self, output, input, op=ReduceOp.SUM, async_op=False, stream=None, algo=None):
         """output <- block `rank` of the reduction of every rank's input
         (input holds world_size * len(output) elements)."""
-        w = self._c().reduce_scatter(output, input, op_value(op), async_op)
-        return w if w is None else self._track(w, output, input)
+        if stream is None and algo is None:
+            try:
+                w = self._c().reduce_scatter(output, input, op_value(op), async_op)
+                return w if w is None else self._track(w, output, input)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().reduce_scatter(output, input, op_value(op), async_op, stream, algo)
 
-    def all_gather(self, output, input, async_op=False):
+    def all_gather(self, output, input, async_op=False, stream=None, algo=None):
         """output <- every rank's input, in rank order (world_size * len(input))."""
-        w = self._c().all_gather(output, input, async_op)
-        return w if w is None else self._track(w, output, input)
+        if stream is None and algo is None:
+            try:
+                w = self._c().all_gather(output, input, async_op)
+                return w if w is None else self._track(w, output, input)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().all_gather(output, input, async_op, stream, algo)
 
-    def broadcast(self, tensor, src=0, async_op=False):
+    def broadcast(self, tensor, src=0, async_op=False, stream=None, algo=None):
         """tensor <- src's tensor, on every rank."""
-        w = self._c().broadcast(tensor, int(src), async_op)
-        return w if w is None else self._track(w, tensor)
+        if stream is None and algo is None:
+            try:
+                w = self._c().broadcast(tensor, int(src), async_op)
+                return w if w is None else self._track(w, tensor)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().broadcast(tensor, src, async_op, stream, algo)
 
-    def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False):
+    def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False, stream=None, algo=None):
         """dst's tensor <- the reduction of every rank's tensor (others unchanged)."""
-        w = self._c().reduce(tensor, int(dst), op_value(op), async_op)
-        return w if w is None else self._track(w, tensor)
+        if stream is None and algo is None:
+            try:
+                w = self._c().reduce(tensor, int(dst), op_value(op), async_op)
+                return w if w is None else self._track(w, tensor)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().reduce(tensor, dst, op_value(op), async_op, stream, algo)
 
-    def scatter(self, output, input=None, src=0, async_op=False):
+    def scatter(self, output, input=None, src=0, async_op=False, stream=None, algo=None):
         """output <- block `rank` of src's input (input is only read on src)."""
-        w = self._c().scatter(output, input, int(src), async_op)
-        return w if w is None else self._track(w, output, input)
+        if stream is None and algo is None:
+            try:
+                w = self._c().scatter(output, input, int(src), async_op)
+                return w if w is None else self._track(w, output, input)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().scatter(output, input, src, async_op, stream, algo)
 
-    def gather(self, output, input, dst=0, async_op=False):
+    def gather(self, output, input, dst=0, async_op=False, stream=None, algo=None):
         """dst's output <- every rank's input in rank order (output only used on dst)."""
-        w = self._c().gather(output, input, int(dst), async_op)
-        return w if w is None else self._track(w, output, input)
+        if stream is None and algo is None:
+            try:
+                w = self._c().gather(output, input, int(dst), async_op)
+                return w if w is None else self._track(w, output, input)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().gather(output, input, dst, async_op, stream, algo)
 
-    def all_to_all(self, output, input, async_op=False):
+    def all_to_all(self, output, input, async_op=False, stream=None, algo=None):
         """Block i of input goes to rank i; block j of output comes from rank j."""
-        w = self._c().all_to_all(output, input, async_op)
-        return w if w is None else self._track(w, output, input)
+        if stream is None and algo is None:
+            try:
+                w = self._c().all_to_all(output, input, async_op)
+                return w if w is None else self._track(w, output, input)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().all_to_all(output, input, async_op, stream, algo)
 
-    def send(self, tensor, dst, async_op=False):
+    def send(self, tensor, dst, async_op=False, stream=None):
         """Sends tensor to rank dst (async_op=True: isend)."""
-        w = self._c().send(tensor, int(dst), async_op)
-        return w if w is None else self._track(w, tensor)
+        if stream is None:
+            try:
+                w = self._c().send(tensor, int(dst), async_op)
+                return w if w is None else self._track(w, tensor)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().send(tensor, dst, async_op, stream, None)
 
-    def recv(self, tensor, src, async_op=False):
+    def recv(self, tensor, src, async_op=False, stream=None):
         """Receives into tensor from rank src (async_op=True: irecv)."""
-        w = self._c().recv(tensor, int(src), async_op)
-        return w if w is None else self._track(w, tensor)
+        if stream is None:
+            try:
+                w = self._c().recv(tensor, int(src), async_op)
+                return w if w is None else self._track(w, tensor)
+            except _DeviceBuffer:
+                pass
+        return self._gpu().recv(tensor, src, async_op, stream, None)
 
-    def sendrecv(self, send_tensor, dst, recv_tensor, src):
+    def _gpu(self):
+        g = self._gpu_path
+        if g is None:
+            self._c()
+            from ringcomm.cuda import GpuPath
+
+            g = self._gpu_path = GpuPath(self)
+        return g
+
+    def sendrecv(self, send_tensor, dst, recv_tensor, src, stream=None):
         """Sends send_tensor to dst while receiving recv_tensor from src (both
         progress together, like a batch_isend_irecv of the two); returns when
-        both are done."""
-        self._c().sendrecv(send_tensor, int(dst), recv_tensor, int(src))
+        both are done (GPU buffers: one NCCL group, stream-ordered like the
+        other GPU calls)."""
+        if stream is None:
+            try:
+                self._c().sendrecv(send_tensor, int(dst), recv_tensor, int(src))
+                return
+            except _DeviceBuffer:
+                pass
+        self._gpu().sendrecv(send_tensor, dst, recv_tensor, src, stream)
 
     def isend(self, tensor, dst):
         return self.send(tensor, dst, async_op=True)
@@ -243,12 +319,17 @@ class Communicator:
     def close(self):
         """Waits for issued operations, then releases the shared memory."""
         native, self._native = self._native, None
+        gpu, self._gpu_path = self._gpu_path, None
+        if gpu is not None:
+            gpu.close()
         if native is not None:
             native.close()
         self._inflight = []
 
     def abort(self, reason="aborted by the user"):
         """Fails this communicator at once; peers waiting on it fail too."""
+        if self._gpu_path is not None:
+            self._gpu_path.abort(reason)
         if self._native is not None:
             self._native.abort(reason)
 

@@ -65,7 +65,8 @@ class RingcommBackend(Backend):
     name = "ringcomm"
 
     def __init__(self, rank: int, world_size: int, store, timeout_s: float,
-                 transport: Optional[str], algo: Optional[str], buffers: str = "numpy"):
+                 transport: Optional[str], algo: Optional[str], buffers: str = "numpy",
+                 device: str = "cpu", local_rank: int = 0):
         try:
             import ringcomm
         except ImportError as e:
@@ -92,6 +93,17 @@ class RingcommBackend(Backend):
         self.algo = os.environ.get("RINGCOMM_ALGO", "auto")
         self.buffers = buffers
         self.notes = {}
+        self.torch = None
+        if device == "cuda":
+            import torch
+
+            if not ringcomm.cuda.available():
+                raise BackendUnavailable("ringcomm's GPU path needs a CUDA build and a GPU "
+                                         f"(build_info: cuda={ringcomm.build_info().get('cuda')})")
+            self.torch = torch
+            self.device = f"cuda:{local_rank % torch.cuda.device_count()}"
+            torch.cuda.set_device(self.device)
+            self.algo = "gpu " + (os.environ.get("RINGCOMM_GPU_ALGO") or "auto")
 
     def describe(self) -> Dict[str, str]:
         return {"version": str(getattr(self.rc, "__version__", "?")),
@@ -102,6 +114,8 @@ class RingcommBackend(Backend):
         # Same memory either way; numpy where asked and numpy has the type.
         if buf is None:
             return None
+        if self.device != "cpu":
+            return buf.tensor
         if self.buffers == "numpy" and buf.array is not None:
             return buf.array
         return buf.tensor
@@ -142,7 +156,12 @@ class RingcommBackend(Backend):
         raise ValueError(f"ringcomm backend: unknown primitive {name!r}")
 
     def barrier(self):
+        self.synchronize()
         self.rc.barrier(comm=self.comm)
+
+    def synchronize(self):
+        if self.torch is not None:
+            self.torch.cuda.synchronize(self.device)
 
     def close(self):
         self.comm.close()

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="local ranks to start when not under torchrun/mpirun (default %(default)s)")
     a("--transport", default=None, help="ringcomm transport (sets RINGCOMM_TRANSPORT): shm, tcp")
     a("--algo", default=None, help="ringcomm algorithm (sets RINGCOMM_ALGO): ring, oneshot")
+    a("--ringcomm-device", choices=("cpu", "cuda"), default="cpu",
+      help="where ringcomm's buffers live: cpu (shared memory / TCP) or cuda (the GPU path: NCCL, and "
+           "ringcomm's ring over NCCL with RINGCOMM_GPU_ALGO=ring); rank r uses GPU local_rank %% count")
     a("--ringcomm-buffers", choices=("numpy", "torch"), default="numpy",
       help="what ringcomm is handed on the CPU: numpy arrays, as MPI is (default; bfloat16 has no "
            "numpy type and always goes as a torch tensor), or torch tensors over the same memory "
@@ -203,7 +206,8 @@ class Sweep:
             try:
                 if name == "ringcomm":
                     backend = RingcommBackend(info.rank, info.world_size, store, args.timeout,
-                                              args.transport, args.algo, args.ringcomm_buffers)
+                                              args.transport, args.algo, args.ringcomm_buffers,
+                                              args.ringcomm_device, info.local_rank)
                 elif name == "mpi":
                     backend = MpiBackend()
                 else:

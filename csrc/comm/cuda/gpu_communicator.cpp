@@ -1,0 +1,331 @@
+#include "comm/cuda/gpu_communicator.h"
+
+#include <algorithm>
+
+#include "algo/schedules.h"
+#include "comm/cuda/cuda_util.h"
+#include "reduce/cuda/kernels.h"
+
+namespace ringcomm {
+namespace {
+
+// NCCL's type for a dtype, or -1 when NCCL has none (bool).
+int nccl_dtype(DataType t) {
+  switch (t) {
+    case DataType::kFloat16: return nccl::kFloat16;
+    case DataType::kBFloat16: return nccl::kBfloat16;
+    case DataType::kFloat32: return nccl::kFloat32;
+    case DataType::kFloat64: return nccl::kFloat64;
+    case DataType::kInt8: return nccl::kInt8;
+    case DataType::kUInt8: return nccl::kUint8;
+    case DataType::kInt32: return nccl::kInt32;
+    case DataType::kInt64: return nccl::kInt64;
+    case DataType::kBool: return -1;
+  }
+  return -1;
+}
+
+// NCCL's op (AVG: SUM, divided by ringcomm's kernel), or -1 when NCCL has none.
+int nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kAvg: return nccl::kSum;
+    case ReduceOp::kProd: return nccl::kProd;
+    case ReduceOp::kMin: return nccl::kMin;
+    case ReduceOp::kMax: return nccl::kMax;
+    default: return -1;
+  }
+}
+
+void require_op(DataType t, ReduceOp op, const char* what) {
+  if (!reduce_op_supported(t, op)) {
+    throw ValueError(std::string(what) + ": reduce op " + reduce_op_name(op) + " is not defined for dtype " +
+                     dtype_name(t));
+  }
+}
+
+void require_same_dtype(const Buffer& a, const Buffer& b, const char* what) {
+  if (a.dtype != b.dtype) {
+    throw TypeError(std::string(what) + ": output has dtype " + dtype_name(a.dtype) + " but input has " +
+                    dtype_name(b.dtype) + "; they must match");
+  }
+}
+
+void require_count(size_t got, size_t want, const char* what, const char* arg) {
+  if (got != want) {
+    throw ValueError(std::string(what) + ": " + arg + " must hold " + std::to_string(want) + " elements, got " +
+                     std::to_string(got));
+  }
+}
+
+}  // namespace
+
+GpuAlgo parse_gpu_algo(const std::string& name) {
+  if (name == "auto" || name.empty()) return GpuAlgo::kAuto;
+  if (name == "nccl") return GpuAlgo::kNccl;
+  if (name == "ring") return GpuAlgo::kRing;
+  throw ValueError("ringcomm: GPU algorithm '" + name + "' is not one of auto, nccl, ring");
+}
+
+GpuCommunicator::GpuCommunicator(int rank, int world, int device, const std::string& nccl_unique_id,
+                                 double timeout_s, size_t chunk_bytes, GpuAlgo default_algo)
+    : rank_(rank),
+      world_(world),
+      device_(device),
+      timeout_s_(timeout_s),
+      default_algo_(default_algo),
+      executor_(chunk_bytes) {
+  cuda::DeviceGuard g(device_);
+  cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda::check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+  executor_.allocate();
+  nccl_ = std::make_unique<NcclComm>(rank, world, nccl_unique_id);
+  schedule_.reserve(256);
+}
+
+GpuCommunicator::~GpuCommunicator() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+std::string GpuCommunicator::async_error() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!error_.empty()) return error_;
+  return nccl_ ? nccl_->async_error() : std::string();
+}
+
+void GpuCommunicator::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (error_.empty()) error_ = why;
+  if (nccl_) {
+    cuda::DeviceGuard g(device_);
+    nccl_->abort();
+  }
+}
+
+void GpuCommunicator::close() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closed_) return;
+  closed_ = true;
+  cuda::DeviceGuard g(device_);
+  if (error_.empty()) cudaStreamSynchronize(stream_);
+  nccl_.reset();  // destroys (or, after abort, nothing)
+  if (ready_) cudaEventDestroy(ready_);
+  if (stream_) cudaStreamDestroy(stream_);
+  ready_ = nullptr;
+  stream_ = nullptr;
+}
+
+void GpuCommunicator::check_open() {
+  if (closed_) throw Error("ringcomm: the GPU communicator is closed");
+  if (!error_.empty()) throw Error("ringcomm: the GPU communicator is unusable after an earlier error (" + error_ + ")");
+  std::string e = nccl_->async_error();
+  if (!e.empty()) {
+    error_ = "NCCL: " + e;
+    throw Error("ringcomm: NCCL reported an error: " + e);
+  }
+}
+
+GpuAlgo GpuCommunicator::choose(GpuAlgo algo, DataType dtype, ReduceOp op, bool reduces) const {
+  if (algo == GpuAlgo::kAuto) algo = default_algo_;
+  const bool nccl_can = nccl_dtype(dtype) >= 0 && (!reduces || nccl_op(op) >= 0);
+  if (algo == GpuAlgo::kAuto) return nccl_can ? GpuAlgo::kNccl : GpuAlgo::kRing;
+  if (algo == GpuAlgo::kNccl && !nccl_can) {
+    throw ValueError(std::string("ringcomm: NCCL has no ") +
+                     (nccl_dtype(dtype) < 0 ? std::string("dtype ") + dtype_name(dtype)
+                                            : std::string("reduce op ") + reduce_op_name(op)) +
+                     "; use algo='ring' (or 'auto')");
+  }
+  return algo;
+}
+
+template <class Body>
+GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t caller, Body&& body) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open();
+  cuda::DeviceGuard g(device_);
+  try {
+    if (cuda::capturing(caller)) {
+      // Inside a CUDA graph: queue on the capturing stream itself.
+      body(caller);
+      return std::make_shared<GpuWork>(shared_from_this(), device_, nullptr, true, what);
+    }
+    cuda::check(cudaEventRecord(ready_, caller), "cudaEventRecord (caller stream)");
+    cuda::check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    body(stream_);
+    cudaEvent_t done = nullptr;
+    cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    cuda::check(cudaEventRecord(done, stream_), "cudaEventRecord (comm stream)");
+    return std::make_shared<GpuWork>(shared_from_this(), device_, done, false, what);
+  } catch (const Error& e) {
+    if (error_.empty()) error_ = e.what();
+    throw;
+  }
+}
+
+Schedule& GpuCommunicator::plan_start() {
+  schedule_.clear();
+  return schedule_;
+}
+
+void GpuCommunicator::run_schedule(cudaStream_t s, DataType dtype, ReduceOp op) {
+  executor_.run(schedule_, *nccl_, s, dtype, op);
+}
+
+#define RINGCOMM_PLAN_CONTEXT(dtype)                                                         \
+  PlanContext ctx{rank_, world_, dtype_size(dtype),                                          \
+                  std::max<size_t>(1, executor_.chunk_bytes() / dtype_size(dtype)), &tag_, \
+                  &plan_start(), nullptr}
+
+GpuCommunicator::WorkPtr GpuCommunicator::all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo) {
+  require_op(x.dtype, op, "all_reduce");
+  const GpuAlgo fam = choose(algo, x.dtype, op, true);
+  return launch("all_reduce", caller, [&](cudaStream_t s) {
+    if (x.count == 0) return;
+    if (fam == GpuAlgo::kNccl) {
+      nccl_->check(nccl::api().AllReduce(x.ptr, x.ptr, x.count, nccl::DataType(nccl_dtype(x.dtype)),
+                                         nccl::RedOp(nccl_op(op)), nccl_->handle(), s),
+                   "ncclAllReduce");
+      if (op == ReduceOp::kAvg) cuda::divide(x.dtype, x.ptr, x.count, world_, s);
+    } else {
+      RINGCOMM_PLAN_CONTEXT(x.dtype);
+      ring_all_reduce(ctx, x.ptr, x.count, op == ReduceOp::kAvg);
+      run_schedule(s, x.dtype, op);
+    }
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::reduce_scatter(Buffer out, Buffer in, ReduceOp op, cudaStream_t caller,
+                                                         GpuAlgo algo) {
+  require_same_dtype(out, in, "reduce_scatter");
+  require_count(in.count, out.count * world_, "reduce_scatter", "input (world_size * output)");
+  require_op(in.dtype, op, "reduce_scatter");
+  const GpuAlgo fam = choose(algo, in.dtype, op, true);
+  return launch("reduce_scatter", caller, [&](cudaStream_t s) {
+    if (out.count == 0) return;
+    if (fam == GpuAlgo::kNccl) {
+      nccl_->check(nccl::api().ReduceScatter(in.ptr, out.ptr, out.count, nccl::DataType(nccl_dtype(in.dtype)),
+                                             nccl::RedOp(nccl_op(op)), nccl_->handle(), s),
+                   "ncclReduceScatter");
+      if (op == ReduceOp::kAvg) cuda::divide(out.dtype, out.ptr, out.count, world_, s);
+    } else {
+      RINGCOMM_PLAN_CONTEXT(in.dtype);
+      ring_reduce_scatter(ctx, in.ptr, out.ptr, out.count, op == ReduceOp::kAvg);
+      run_schedule(s, in.dtype, op);
+    }
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::all_gather(Buffer out, Buffer in, cudaStream_t caller, GpuAlgo algo) {
+  require_same_dtype(out, in, "all_gather");
+  require_count(out.count, in.count * world_, "all_gather", "output (world_size * input)");
+  const GpuAlgo fam = choose(algo, in.dtype, ReduceOp::kSum, false);
+  return launch("all_gather", caller, [&](cudaStream_t s) {
+    if (in.count == 0) return;
+    if (fam == GpuAlgo::kNccl) {
+      nccl_->check(nccl::api().AllGather(in.ptr, out.ptr, in.nbytes(), nccl::kUint8, nccl_->handle(), s),
+                   "ncclAllGather");
+    } else {
+      RINGCOMM_PLAN_CONTEXT(in.dtype);
+      ring_all_gather(ctx, in.ptr, out.ptr, in.count);
+      run_schedule(s, in.dtype, ReduceOp::kSum);
+    }
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::broadcast(Buffer x, int root, cudaStream_t caller, GpuAlgo algo) {
+  const GpuAlgo fam = choose(algo, x.dtype, ReduceOp::kSum, false);
+  return launch("broadcast", caller, [&](cudaStream_t s) {
+    if (x.count == 0) return;
+    if (fam == GpuAlgo::kNccl) {
+      nccl_->check(nccl::api().Broadcast(x.ptr, x.ptr, x.nbytes(), nccl::kUint8, root, nccl_->handle(), s),
+                   "ncclBroadcast");
+    } else {
+      RINGCOMM_PLAN_CONTEXT(x.dtype);
+      chain_broadcast(ctx, root, x.ptr, x.nbytes());
+      run_schedule(s, x.dtype, ReduceOp::kSum);
+    }
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::reduce(Buffer x, int root, ReduceOp op, cudaStream_t caller,
+                                                 GpuAlgo algo) {
+  require_op(x.dtype, op, "reduce");
+  const GpuAlgo fam = choose(algo, x.dtype, op, true);
+  return launch("reduce", caller, [&](cudaStream_t s) {
+    if (x.count == 0) return;
+    if (fam == GpuAlgo::kNccl) {
+      nccl_->check(nccl::api().Reduce(x.ptr, x.ptr, x.count, nccl::DataType(nccl_dtype(x.dtype)),
+                                      nccl::RedOp(nccl_op(op)), root, nccl_->handle(), s),
+                   "ncclReduce");
+      if (op == ReduceOp::kAvg && rank_ == root) cuda::divide(x.dtype, x.ptr, x.count, world_, s);
+    } else {
+      RINGCOMM_PLAN_CONTEXT(x.dtype);
+      chain_reduce(ctx, root, x.ptr, x.count, op == ReduceOp::kAvg);
+      run_schedule(s, x.dtype, op);
+    }
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::scatter(Buffer out, Buffer in, int root, cudaStream_t caller) {
+  if (rank_ == root) {
+    require_same_dtype(out, in, "scatter");
+    require_count(in.count, out.count * world_, "scatter", "input (world_size * output)");
+  }
+  return launch("scatter", caller, [&](cudaStream_t s) {
+    RINGCOMM_PLAN_CONTEXT(out.dtype);
+    direct_scatter(ctx, root, in.ptr, out.ptr, out.nbytes());
+    run_schedule(s, out.dtype, ReduceOp::kSum);
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::gather(Buffer out, Buffer in, int root, cudaStream_t caller) {
+  if (rank_ == root) {
+    require_same_dtype(out, in, "gather");
+    require_count(out.count, in.count * world_, "gather", "output (world_size * input)");
+  }
+  return launch("gather", caller, [&](cudaStream_t s) {
+    RINGCOMM_PLAN_CONTEXT(in.dtype);
+    direct_gather(ctx, root, in.ptr, out.ptr, in.nbytes());
+    run_schedule(s, in.dtype, ReduceOp::kSum);
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::all_to_all(Buffer out, Buffer in, cudaStream_t caller) {
+  require_same_dtype(out, in, "all_to_all");
+  require_count(out.count, in.count, "all_to_all", "output (as many as input)");
+  if (in.count % world_) throw ValueError("all_to_all: input elements must divide evenly by the world size");
+  return launch("all_to_all", caller, [&](cudaStream_t s) {
+    RINGCOMM_PLAN_CONTEXT(in.dtype);
+    pairwise_all_to_all(ctx, in.ptr, out.ptr, in.nbytes() / world_);
+    run_schedule(s, in.dtype, ReduceOp::kSum);
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::send(Buffer x, int peer, cudaStream_t caller) {
+  return launch("send", caller, [&](cudaStream_t s) {
+    nccl_->check(nccl::api().Send(x.ptr, x.nbytes(), nccl::kUint8, peer, nccl_->handle(), s), "ncclSend");
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::recv(Buffer x, int peer, cudaStream_t caller) {
+  return launch("recv", caller, [&](cudaStream_t s) {
+    nccl_->check(nccl::api().Recv(x.ptr, x.nbytes(), nccl::kUint8, peer, nccl_->handle(), s), "ncclRecv");
+  });
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src,
+                                                   cudaStream_t caller) {
+  return launch("sendrecv", caller, [&](cudaStream_t s) {
+    const nccl::Api& a = nccl::api();
+    nccl_->check(a.GroupStart(), "ncclGroupStart");
+    nccl::Result r = a.Send(send_buf.ptr, send_buf.nbytes(), nccl::kUint8, dst, nccl_->handle(), s);
+    if (r == nccl::kSuccess) r = a.Recv(recv_buf.ptr, recv_buf.nbytes(), nccl::kUint8, src, nccl_->handle(), s);
+    nccl::Result end = a.GroupEnd();
+    nccl_->check(r, "ncclSend/ncclRecv");
+    nccl_->check(end, "ncclGroupEnd");
+  });
+}
+
+}  // namespace ringcomm

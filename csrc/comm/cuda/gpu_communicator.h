@@ -1,0 +1,95 @@
+// The GPU side of a communicator on one device: an NCCL communicator, the
+// communicator's own CUDA stream, and the two algorithm families.
+//
+// Stream semantics (DESIGN.md): every call is ordered after the work already
+// queued on the caller's stream (an event recorded there, waited on by the
+// comm stream), runs on the comm stream, and returns a GpuWork whose event
+// marks its end. A caller stream that is capturing a CUDA graph gets the
+// operation queued on itself instead (no events), so the graph holds it.
+//
+// Families: "nccl" calls NCCL's own collective; "ring" runs ringcomm's
+// schedules (csrc/algo) over NCCL send/recv with ringcomm's CUDA kernels.
+// AVG is always SUM then ringcomm's divide kernel, so both families round
+// alike. NCCL has no bitwise ops and no bool: those go to "ring" under auto.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "algo/step.h"
+#include "comm/buffer.h"
+#include "comm/cuda/gpu_executor.h"
+#include "comm/cuda/gpu_work.h"
+#include "transport/nccl/nccl_comm.h"
+
+namespace ringcomm {
+
+enum class GpuAlgo { kAuto, kNccl, kRing };
+GpuAlgo parse_gpu_algo(const std::string& name);  // "auto" | "nccl" | "ring"; ValueError otherwise
+
+class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
+ public:
+  // Collective over all ranks (ncclCommInitRank); `device` becomes current
+  // for the duration.
+  GpuCommunicator(int rank, int world, int device, const std::string& nccl_unique_id, double timeout_s,
+                  size_t chunk_bytes, GpuAlgo default_algo);
+  ~GpuCommunicator();
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  double timeout_s() const { return timeout_s_; }
+
+  using WorkPtr = std::shared_ptr<GpuWork>;
+  WorkPtr all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo);
+  WorkPtr reduce_scatter(Buffer out, Buffer in, ReduceOp op, cudaStream_t caller, GpuAlgo algo);
+  WorkPtr all_gather(Buffer out, Buffer in, cudaStream_t caller, GpuAlgo algo);
+  WorkPtr broadcast(Buffer x, int root, cudaStream_t caller, GpuAlgo algo);
+  WorkPtr reduce(Buffer x, int root, ReduceOp op, cudaStream_t caller, GpuAlgo algo);
+  WorkPtr scatter(Buffer out, Buffer in, int root, cudaStream_t caller);
+  WorkPtr gather(Buffer out, Buffer in, int root, cudaStream_t caller);
+  WorkPtr all_to_all(Buffer out, Buffer in, cudaStream_t caller);
+  WorkPtr send(Buffer x, int peer, cudaStream_t caller);
+  WorkPtr recv(Buffer x, int peer, cudaStream_t caller);
+  // A send and a receive in one NCCL group (they progress together: two ranks
+  // exchanging never wait on each other's send).
+  WorkPtr sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src, cudaStream_t caller);
+
+  // NCCL's asynchronous error, if any ("" otherwise).
+  std::string async_error();
+  // Aborts the NCCL communicator (in-flight operations are dropped); later
+  // calls raise. `why` is remembered for their message.
+  void abort(const std::string& why);
+  // Waits for queued work, destroys the NCCL communicator and the stream.
+  void close();
+  // The family a call of this kind, dtype and op runs under `algo`.
+  GpuAlgo choose(GpuAlgo algo, DataType dtype, ReduceOp op, bool reduces) const;
+
+ private:
+  template <class Body>
+  WorkPtr launch(const char* what, cudaStream_t caller, Body&& body);
+  void check_open();
+  Schedule& plan_start();
+  void run_schedule(cudaStream_t s, DataType dtype, ReduceOp op);
+
+  int rank_;
+  int world_;
+  int device_;
+  double timeout_s_;
+  GpuAlgo default_algo_;
+  std::unique_ptr<NcclComm> nccl_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream before each call
+  GpuExecutor executor_;
+  Schedule schedule_;
+  MsgTag tag_;  // schedules want one; GPU messages carry no headers
+  std::mutex mu_;  // one call queued at a time (they share the stream and the executor)
+  std::string error_;
+  bool closed_ = false;
+};
+
+}  // namespace ringcomm

@@ -1,0 +1,399 @@
+"""The GPU path: collectives on CUDA tensors (torch), CUDA arrays (cupy, anything
+with ``__cuda_array_interface__``, DLPack objects on a CUDA device through torch).
+
+Stream semantics (DESIGN.md): a call is ordered after the work already queued on the
+caller's stream (``stream=``; default: the framework's current stream on the tensor's
+device), runs on the communicator's own stream, and
+
+- with ``async_op=False`` the caller's stream waits for it (the host does not block,
+  as with torch.distributed's NCCL backend); the result is in place for every later
+  kernel on that stream;
+- with ``async_op=True`` a :class:`GpuWork` comes back: ``wait()`` makes the caller's
+  current stream wait (no host block), ``synchronize()`` blocks the host.
+
+Buffers stay alive until the operation finished: references are held until its event
+completes, and torch tensors are also ``record_stream``'ed on the comm stream so the
+caching allocator never hands their memory out early. A stream capturing a CUDA graph
+gets the operation queued on itself (NCCL and ringcomm's kernels are capturable).
+
+Algorithms (``algo=`` per call, or RINGCOMM_GPU_ALGO): "nccl" (NCCL's collective),
+"ring" (ringcomm's schedules over NCCL send/recv with ringcomm's CUDA kernels), "auto"
+(nccl where NCCL has the dtype and op; ring for bool and the bitwise ops).
+"""
+import os
+import threading
+
+from ringcomm import _C
+from ringcomm.errors import RingcommError, TimeoutError
+from ringcomm.work import seconds
+
+_TORCH_DTYPES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
+                 "int8": 4, "uint8": 5, "int32": 6, "int64": 7, "bool": 8}
+_TYPESTRS = {"f2": 0, "f4": 2, "f8": 3, "i1": 4, "u1": 5, "i4": 6, "i8": 7, "b1": 8}
+GPU_ALGOS = ("auto", "nccl", "ring")
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+
+def compiled():
+    """Whether this build has the GPU path."""
+    return hasattr(_C, "GpuCommunicator")
+
+
+def available():
+    """Whether the GPU path can run here: compiled in, and a CUDA device present."""
+    return compiled() and _C.cuda_device_count() > 0
+
+
+def _nccl_search_paths():
+    """libnccl.so.2 of installed nvidia-nccl-cu13 / -cu12 wheels (namespace package nvidia.nccl)."""
+    import importlib.util
+
+    paths = []
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        spec = None
+    for loc in (spec.submodule_search_locations if spec else None) or []:
+        lib = os.path.join(loc, "lib", "libnccl.so.2")
+        if os.path.exists(lib):
+            paths.append(lib)
+    return paths
+
+
+_nccl_paths_set = False
+
+
+def nccl_version():
+    """(version, path) of the NCCL library the GPU path uses (loads it)."""
+    global _nccl_paths_set
+    if not compiled():
+        raise RingcommError("ringcomm: this build has no GPU path (no CUDA toolkit at build time)")
+    if not _nccl_paths_set:
+        _C.nccl_set_search_paths(_nccl_search_paths())
+        _nccl_paths_set = True
+    return _C.nccl_version()
+
+
+class DeviceBuffer:
+    """A contiguous CUDA buffer: pointer, element count, ringcomm dtype code, device."""
+
+    __slots__ = ("obj", "ptr", "count", "dtype", "device", "torch")
+
+    def __init__(self, obj, ptr, count, dtype, device, torch_tensor):
+        self.obj, self.ptr, self.count, self.dtype, self.device = obj, ptr, count, dtype, device
+        self.torch = torch_tensor
+
+
+def _torch():
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def device_buffer(x, arg):
+    """Reads a CUDA tensor / array; raises TypeError / ValueError naming `arg`."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if not x.is_cuda:
+            raise ValueError(f"{arg} is on {x.device}; the other buffers of this call are on a CUDA device")
+        if not x.is_contiguous():
+            raise ValueError(f"{arg} must be contiguous (call .contiguous() first)")
+        name = str(x.dtype).rsplit(".", 1)[-1]
+        if name not in _TORCH_DTYPES:
+            raise TypeError(f"{arg} has unsupported dtype {x.dtype}")
+        return DeviceBuffer(x, x.data_ptr(), x.numel(), _TORCH_DTYPES[name], x.device.index, True)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        ptr, _readonly = cai["data"]
+        shape = tuple(cai["shape"])
+        typestr = cai["typestr"]
+        if typestr[0] == ">" or typestr[1:] not in _TYPESTRS:
+            raise TypeError(f"{arg} has unsupported typestr {typestr!r}")
+        count = 1
+        for d in shape:
+            count *= int(d)
+        strides = cai.get("strides")
+        if strides is not None:
+            expect = int(typestr[2:])
+            for d, s in zip(reversed(shape), reversed(strides)):
+                if d > 1 and s != expect:
+                    raise ValueError(f"{arg} must be C-contiguous")
+                expect *= d
+        device = getattr(getattr(x, "device", None), "id", None)
+        if device is None:
+            device = _C.cuda_pointer_device(ptr) if ptr else 0
+        return DeviceBuffer(x, ptr, count, _TYPESTRS[typestr[1:]], device, False)
+    if hasattr(x, "__dlpack_device__") and torch is not None:
+        dev_type, _ = x.__dlpack_device__()
+        if dev_type == 2:  # kDLCUDA
+            return device_buffer(torch.from_dlpack(x), arg)
+    raise TypeError(f"{arg} must be a CUDA torch tensor or an object with __cuda_array_interface__ "
+                    f"(cupy), got {type(x).__name__}")
+
+
+def is_device_buffer(x):
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.is_cuda
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    if hasattr(x, "__dlpack_device__"):
+        try:
+            return x.__dlpack_device__()[0] == 2
+        except Exception:  # noqa: BLE001
+            return False
+    return False
+
+
+def current_stream(device, prefer_torch):
+    """The framework's current stream on `device` (torch's for torch tensors, else
+    cupy's when cupy is loaded, else the legacy default stream 0)."""
+    import sys
+
+    torch = _torch()
+    if prefer_torch and torch is not None:
+        return torch.cuda.current_stream(device).cuda_stream
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        with cupy.cuda.Device(device):
+            return cupy.cuda.get_current_stream().ptr
+    return 0
+
+
+def stream_handle(stream, buf):
+    """The cudaStream_t (int) a call on `buf` is ordered after."""
+    if stream is None:
+        return current_stream(buf.device, buf.torch)
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        h = getattr(stream, attr, None)
+        if isinstance(h, int):
+            return h
+    raise TypeError(f"stream must be an int handle, a torch.cuda.Stream or a cupy Stream, got {type(stream).__name__}")
+
+
+class GpuWork:
+    """The handle of an asynchronous GPU operation (async_op=True)."""
+
+    __slots__ = ("_native", "_buffers", "_device", "_torch")
+
+    def __init__(self, native, buffers, device, torch_buffers):
+        self._native = native
+        self._buffers = buffers
+        self._device = device
+        self._torch = torch_buffers
+
+    def wait(self, timeout=None, stream=None):
+        """Makes `stream` (default: the current stream of the tensors' framework on their
+        device) wait for the operation; the host does not block. Returns True."""
+        if stream is None:
+            handle = current_stream(self._device, self._torch)
+        else:
+            handle = stream_handle(stream, None)
+        self._native.wait_stream(handle)
+        return True
+
+    def synchronize(self, timeout=None):
+        """Blocks the host until the operation finished (TimeoutError after `timeout`
+        seconds, default the communicator's; the NCCL communicator is then aborted)."""
+        t = seconds(timeout)
+        self._native.synchronize(-1.0 if t is None else t)
+        return True
+
+    def is_completed(self):
+        return self._native.is_completed()
+
+    def exception(self):
+        return None
+
+    def __repr__(self):
+        state = "completed" if self.is_completed() else "pending"
+        return f"<ringcomm.GpuWork {self._native.what} on cuda:{self._device} {state}>"
+
+
+class GpuPath:
+    """The GPU side of one Communicator: one NCCL communicator per device, created at
+    the first call on that device (every rank must make its first GPU call of a device
+    together, as with any collective)."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self._natives = {}
+        self._created = 0
+        self._inflight = []
+        self._lock = threading.Lock()
+        algo = os.environ.get("RINGCOMM_GPU_ALGO", "auto") or "auto"
+        if algo not in GPU_ALGOS:
+            raise ValueError(f"RINGCOMM_GPU_ALGO={algo!r} is not one of {', '.join(GPU_ALGOS)}")
+        self._default_algo = algo
+        self._chunk = int(os.environ.get("RINGCOMM_GPU_CHUNK_BYTES", DEFAULT_CHUNK_BYTES))
+
+    # -- setup ----------------------------------------------------------------
+    def native(self, device):
+        g = self._natives.get(device)
+        if g is not None:
+            return g
+        nccl_version()  # load NCCL (clear error if absent) before talking to the peers
+        c = self._comm
+        store, rank, ws = c._store, c.rank, c.world_size
+        key = f"{c._prefix}/nccl/{self._created}"
+        self._created += 1
+        if rank == 0:
+            store.set(key, _C.nccl_unique_id().hex())
+        from ringcomm import bootstrap
+
+        bootstrap.wait_keys(store, [key], c._config.timeout_s, "waiting for rank 0's NCCL unique id", rank)
+        uid = bytes.fromhex(bootstrap._text(store.get(key)))
+        g = _C.GpuCommunicator(rank, ws, device, uid, c._config.timeout_s, self._chunk, self._default_algo)
+        self._natives[device] = g
+        return g
+
+    def close(self):
+        for g in self._natives.values():
+            g.close()
+        self._natives.clear()
+        self._inflight = []
+
+    def abort(self, why):
+        for g in self._natives.values():
+            g.abort(why)
+
+    # -- calls ----------------------------------------------------------------
+    def _prune(self):
+        inflight = self._inflight
+        while inflight and inflight[0][0].is_completed():
+            inflight.pop(0)
+
+    def _finish(self, g, native_work, bufs, caller, async_op):
+        torch_bufs = [b for b in bufs if b is not None and b.torch]
+        if torch_bufs and not native_work.captured:
+            torch = _torch()
+            comm_stream = torch.cuda.ExternalStream(g.stream, device=torch.device("cuda", g.device))
+            for b in torch_bufs:
+                b.obj.record_stream(comm_stream)
+        keep = tuple(b.obj for b in bufs if b is not None)
+        if not native_work.captured:
+            self._prune()
+            self._inflight.append((native_work, keep))
+        if async_op:
+            return GpuWork(native_work, keep, g.device, bool(torch_bufs))
+        native_work.wait_stream(caller)
+        return None
+
+    def _bufs(self, *named):
+        if not any(x is not None and is_device_buffer(x) for _, x in named):
+            raise ValueError("stream= and algo= apply to GPU buffers (CUDA tensors / arrays); CPU calls take "
+                             "neither (the CPU algorithm is chosen with RINGCOMM_ALGO)")
+        if not compiled():
+            raise RingcommError("ringcomm: this build has no GPU path (it was built without a CUDA toolkit); "
+                                "rebuild with CUDA to pass GPU buffers")
+        bufs = [None if x is None else device_buffer(x, name) for name, x in named]
+        present = [b for b in bufs if b is not None]
+        devices = {b.device for b in present}
+        if len(devices) > 1:
+            raise ValueError(f"buffers of one call must be on one device, got cuda:{sorted(devices)}")
+        return bufs, present[0]
+
+    @staticmethod
+    def _algo(algo):
+        if algo is None:
+            return "auto"
+        if algo not in GPU_ALGOS:
+            raise ValueError(f"algo {algo!r} is not one of {', '.join(GPU_ALGOS)}")
+        return algo
+
+    def all_reduce(self, tensor, op, async_op, stream, algo):
+        (x,), first = self._bufs(("tensor", tensor))
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, self._algo(algo))
+        return self._finish(g, w, [x], s, async_op)
+
+    def reduce_scatter(self, output, input, op, async_op, stream, algo):
+        (o, i), first = self._bufs(("output", output), ("input", input))
+        self._same_dtype(o, i)
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.reduce_scatter(o.ptr, o.count, i.ptr, i.count, i.dtype, op, s, self._algo(algo))
+        return self._finish(g, w, [o, i], s, async_op)
+
+    def all_gather(self, output, input, async_op, stream, algo):
+        (o, i), first = self._bufs(("output", output), ("input", input))
+        self._same_dtype(o, i)
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.all_gather(o.ptr, o.count, i.ptr, i.count, i.dtype, s, self._algo(algo))
+        return self._finish(g, w, [o, i], s, async_op)
+
+    def broadcast(self, tensor, src, async_op, stream, algo):
+        (x,), first = self._bufs(("tensor", tensor))
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.broadcast(x.ptr, x.count, x.dtype, self._root(src, "src"), s, self._algo(algo))
+        return self._finish(g, w, [x], s, async_op)
+
+    def reduce(self, tensor, dst, op, async_op, stream, algo):
+        (x,), first = self._bufs(("tensor", tensor))
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.reduce(x.ptr, x.count, x.dtype, self._root(dst, "dst"), op, s, self._algo(algo))
+        return self._finish(g, w, [x], s, async_op)
+
+    def scatter(self, output, input, src, async_op, stream, algo):
+        src = self._root(src, "src")
+        (o, i), first = self._bufs(("output", output), ("input", input if self._comm.rank == src else None))
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.scatter(o.ptr, o.count, i.ptr if i else 0, i.count if i else 0, o.dtype, src, s)
+        return self._finish(g, w, [o, i], s, async_op)
+
+    def gather(self, output, input, dst, async_op, stream, algo):
+        dst = self._root(dst, "dst")
+        (o, i), first = self._bufs(("output", output if self._comm.rank == dst else None), ("input", input))
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.gather(o.ptr if o else 0, o.count if o else 0, i.ptr, i.count, i.dtype, dst, s)
+        return self._finish(g, w, [o, i], s, async_op)
+
+    def all_to_all(self, output, input, async_op, stream, algo):
+        (o, i), first = self._bufs(("output", output), ("input", input))
+        self._same_dtype(o, i)
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.all_to_all(o.ptr, o.count, i.ptr, i.count, i.dtype, s)
+        return self._finish(g, w, [o, i], s, async_op)
+
+    def send(self, tensor, dst, async_op, stream, algo):
+        (x,), first = self._bufs(("tensor", tensor))
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.send(x.ptr, x.count, x.dtype, self._peer(dst, "dst"), s)
+        return self._finish(g, w, [x], s, async_op)
+
+    def recv(self, tensor, src, async_op, stream, algo):
+        (x,), first = self._bufs(("tensor", tensor))
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.recv(x.ptr, x.count, x.dtype, self._peer(src, "src"), s)
+        return self._finish(g, w, [x], s, async_op)
+
+    def sendrecv(self, send_tensor, dst, recv_tensor, src, stream):
+        (a, b), first = self._bufs(("send_tensor", send_tensor), ("recv_tensor", recv_tensor))
+        g, s = self.native(first.device), stream_handle(stream, first)
+        w = g.sendrecv(a.ptr, a.count, a.dtype, self._peer(dst, "dst"), b.ptr, b.count, b.dtype,
+                       self._peer(src, "src"), s)
+        return self._finish(g, w, [a, b], s, False)
+
+    # -- checks ---------------------------------------------------------------
+    @staticmethod
+    def _same_dtype(o, i):
+        if o.dtype != i.dtype:
+            raise TypeError(f"output has dtype {_C.dtype_name(o.dtype)} but input has {_C.dtype_name(i.dtype)}; "
+                            "they must match")
+
+    def _root(self, root, arg):
+        root = int(root)
+        if not 0 <= root < self._comm.world_size:
+            raise ValueError(f"{arg} {root} is out of range for a communicator of world size "
+                             f"{self._comm.world_size}")
+        return root
+
+    def _peer(self, peer, arg):
+        peer = self._root(peer, arg)
+        if peer == self._comm.rank:
+            raise ValueError(f"{arg} {peer} is this rank; send/recv need another rank")
+        return peer
+
+
+__all__ = ["GpuWork", "available", "compiled", "nccl_version", "TimeoutError"]
