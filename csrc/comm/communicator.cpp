@@ -363,7 +363,9 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
     execute(call, work);
     lk.lock();
     running_ = false;
-    if (worker_.joinable()) cv_.notify_all();
+    // The worker only waits for queued calls: waking it for nothing costs a
+    // context switch on the core this thread runs on.
+    if (worker_.joinable() && !queue_.empty()) cv_.notify_all();
     lk.unlock();
     work.rethrow();
     return nullptr;
@@ -387,7 +389,7 @@ void Communicator::run_front(std::unique_lock<std::mutex>& lk) {
   }
   lk.lock();
   running_ = false;
-  cv_.notify_all();
+  if (!queue_.empty()) cv_.notify_all();  // the worker waits for queued calls only
 }
 
 void Communicator::worker_loop() {

@@ -34,7 +34,7 @@ bool Communicator::small_all_reduce(const Buffer& x, ReduceOp op, const Reducer&
   auto done = [this] {
     std::lock_guard<std::mutex> lk(mu_);
     running_ = false;
-    if (worker_.joinable()) cv_.notify_all();
+    if (worker_.joinable() && !queue_.empty()) cv_.notify_all();
   };
   try {
     run_small_all_reduce(x, tag, reducer, op == ReduceOp::kAvg);

@@ -227,7 +227,9 @@ class GpuPath:
         if algo not in GPU_ALGOS:
             raise ValueError(f"RINGCOMM_GPU_ALGO={algo!r} is not one of {', '.join(GPU_ALGOS)}")
         self._default_algo = algo
-        self._chunk = int(os.environ.get("RINGCOMM_GPU_CHUNK_BYTES", DEFAULT_CHUNK_BYTES))
+        self._chunk = int(os.environ.get("RINGCOMM_GPU_CHUNK_BYTES") or DEFAULT_CHUNK_BYTES)
+        if self._chunk < 64 or self._chunk % 64:
+            raise ValueError(f"RINGCOMM_GPU_CHUNK_BYTES must be a positive multiple of 64, got {self._chunk}")
 
     # -- setup ----------------------------------------------------------------
     def native(self, device):
@@ -239,13 +241,18 @@ class GpuPath:
         store, rank, ws = c._store, c.rank, c.world_size
         key = f"{c._prefix}/nccl/{self._created}"
         self._created += 1
-        if rank == 0:
-            store.set(key, _C.nccl_unique_id().hex())
+        import json
+
         from ringcomm import bootstrap
 
+        # Rank 0's unique id and chunk size: every rank must cut the ring's
+        # messages alike, whatever its own environment says.
+        if rank == 0:
+            store.set(key, json.dumps({"uid": _C.nccl_unique_id().hex(), "chunk": self._chunk}))
         bootstrap.wait_keys(store, [key], c._config.timeout_s, "waiting for rank 0's NCCL unique id", rank)
-        uid = bytes.fromhex(bootstrap._text(store.get(key)))
-        g = _C.GpuCommunicator(rank, ws, device, uid, c._config.timeout_s, self._chunk, self._default_algo)
+        shared = json.loads(bootstrap._text(store.get(key)))
+        g = _C.GpuCommunicator(rank, ws, device, bytes.fromhex(shared["uid"]), c._config.timeout_s,
+                               int(shared["chunk"]), self._default_algo)
         self._natives[device] = g
         return g
 
@@ -338,6 +345,8 @@ class GpuPath:
     def scatter(self, output, input, src, async_op, stream, algo):
         src = self._root(src, "src")
         (o, i), first = self._bufs(("output", output), ("input", input if self._comm.rank == src else None))
+        if i is not None:
+            self._same_dtype(o, i)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.scatter(o.ptr, o.count, i.ptr if i else 0, i.count if i else 0, o.dtype, src, s)
         return self._finish(g, w, [o, i], s, async_op)
@@ -345,6 +354,8 @@ class GpuPath:
     def gather(self, output, input, dst, async_op, stream, algo):
         dst = self._root(dst, "dst")
         (o, i), first = self._bufs(("output", output if self._comm.rank == dst else None), ("input", input))
+        if o is not None:
+            self._same_dtype(o, i)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.gather(o.ptr if o else 0, o.count if o else 0, i.ptr, i.count, i.dtype, dst, s)
         return self._finish(g, w, [o, i], s, async_op)

@@ -75,10 +75,16 @@ GpuCommunicator::GpuCommunicator(int rank, int world, int device, const std::str
       default_algo_(default_algo),
       executor_(chunk_bytes) {
   cuda::DeviceGuard g(device_);
-  cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  cuda::check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
-  executor_.allocate();
-  nccl_ = std::make_unique<NcclComm>(rank, world, nccl_unique_id);
+  try {
+    cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda::check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    executor_.allocate();
+    nccl_ = std::make_unique<NcclComm>(rank, world, nccl_unique_id);
+  } catch (...) {
+    if (ready_) cudaEventDestroy(ready_);
+    if (stream_) cudaStreamDestroy(stream_);
+    throw;
+  }
   schedule_.reserve(256);
 }
 
@@ -90,14 +96,29 @@ GpuCommunicator::~GpuCommunicator() {
 }
 
 std::string GpuCommunicator::async_error() {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (!error_.empty()) return error_;
-  return nccl_ ? nccl_->async_error() : std::string();
+  {
+    std::lock_guard<std::mutex> lk(err_mu_);
+    if (!error_.empty()) return error_;
+  }
+  // ncclCommGetAsyncError is safe next to a call in flight on another thread;
+  // the handle is only released by abort() / close(), which take mu_.
+  NcclComm* n = nccl_.get();
+  return n ? n->async_error() : std::string();
+}
+
+void GpuCommunicator::set_error(const std::string& e) {
+  std::lock_guard<std::mutex> lk(err_mu_);
+  if (error_.empty()) error_ = e;
+}
+
+std::string GpuCommunicator::error() {
+  std::lock_guard<std::mutex> lk(err_mu_);
+  return error_;
 }
 
 void GpuCommunicator::abort(const std::string& why) {
+  set_error(why);
   std::lock_guard<std::mutex> lk(mu_);
-  if (error_.empty()) error_ = why;
   if (nccl_) {
     cuda::DeviceGuard g(device_);
     nccl_->abort();
@@ -109,7 +130,7 @@ void GpuCommunicator::close() {
   if (closed_) return;
   closed_ = true;
   cuda::DeviceGuard g(device_);
-  if (error_.empty()) cudaStreamSynchronize(stream_);
+  if (error().empty()) cudaStreamSynchronize(stream_);
   nccl_.reset();  // destroys (or, after abort, nothing)
   if (ready_) cudaEventDestroy(ready_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -119,17 +140,21 @@ void GpuCommunicator::close() {
 
 void GpuCommunicator::check_open() {
   if (closed_) throw Error("ringcomm: the GPU communicator is closed");
-  if (!error_.empty()) throw Error("ringcomm: the GPU communicator is unusable after an earlier error (" + error_ + ")");
+  const std::string earlier = error();
+  if (!earlier.empty()) {
+    throw Error("ringcomm: the GPU communicator is unusable after an earlier error (" + earlier + ")");
+  }
   std::string e = nccl_->async_error();
   if (!e.empty()) {
-    error_ = "NCCL: " + e;
+    set_error("NCCL: " + e);
     throw Error("ringcomm: NCCL reported an error: " + e);
   }
 }
 
 GpuAlgo GpuCommunicator::choose(GpuAlgo algo, DataType dtype, ReduceOp op, bool reduces) const {
   if (algo == GpuAlgo::kAuto) algo = default_algo_;
-  const bool nccl_can = nccl_dtype(dtype) >= 0 && (!reduces || nccl_op(op) >= 0);
+  // Calls that only move data go to NCCL as bytes: any dtype will do.
+  const bool nccl_can = !reduces || (nccl_dtype(dtype) >= 0 && nccl_op(op) >= 0);
   if (algo == GpuAlgo::kAuto) return nccl_can ? GpuAlgo::kNccl : GpuAlgo::kRing;
   if (algo == GpuAlgo::kNccl && !nccl_can) {
     throw ValueError(std::string("ringcomm: NCCL has no ") +
@@ -145,21 +170,28 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
   std::lock_guard<std::mutex> lk(mu_);
   check_open();
   cuda::DeviceGuard g(device_);
+  // Errors before anything is queued (a caller stream of another device, say)
+  // leave the communicator usable; after that, the peers may be waiting on
+  // operations this rank queued only in part, so it is poisoned.
+  const bool captured = cuda::capturing(caller);
+  cudaEvent_t done = nullptr;
+  if (!captured) {
+    cuda::check(cudaEventRecord(ready_, caller), "cudaEventRecord (caller stream)");
+    cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  auto work = std::make_shared<GpuWork>(shared_from_this(), device_, done, captured, what);
   try {
-    if (cuda::capturing(caller)) {
+    if (captured) {
       // Inside a CUDA graph: queue on the capturing stream itself.
       body(caller);
-      return std::make_shared<GpuWork>(shared_from_this(), device_, nullptr, true, what);
+      return work;
     }
-    cuda::check(cudaEventRecord(ready_, caller), "cudaEventRecord (caller stream)");
     cuda::check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     body(stream_);
-    cudaEvent_t done = nullptr;
-    cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     cuda::check(cudaEventRecord(done, stream_), "cudaEventRecord (comm stream)");
-    return std::make_shared<GpuWork>(shared_from_this(), device_, done, false, what);
+    return work;
   } catch (const Error& e) {
-    if (error_.empty()) error_ = e.what();
+    set_error(e.what());
     throw;
   }
 }

@@ -73,6 +73,8 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   template <class Body>
   WorkPtr launch(const char* what, cudaStream_t caller, Body&& body);
   void check_open();
+  void set_error(const std::string& e);
+  std::string error();
   Schedule& plan_start();
   void run_schedule(cudaStream_t s, DataType dtype, ReduceOp op);
 
@@ -88,6 +90,7 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   Schedule schedule_;
   MsgTag tag_;  // schedules want one; GPU messages carry no headers
   std::mutex mu_;  // one call queued at a time (they share the stream and the executor)
+  std::mutex err_mu_;  // error_ alone: read by waiters while a call is being queued
   std::string error_;
   bool closed_ = false;
 };

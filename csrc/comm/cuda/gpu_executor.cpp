@@ -20,6 +20,10 @@ GpuExecutor::~GpuExecutor() {
 
 void GpuExecutor::allocate() {
   if (recv_tmp_) return;
+  if (chunk_bytes_ < 64 || chunk_bytes_ % 64) {
+    throw ValueError("ringcomm: the GPU chunk size must be a positive multiple of 64 bytes, got " +
+                     std::to_string(chunk_bytes_));
+  }
   cuda::check(cudaGetDevice(&scratch_device_), "cudaGetDevice");
   cuda::check(cudaMalloc(reinterpret_cast<void**>(&recv_tmp_), chunk_bytes_), "cudaMalloc (ring scratch)");
   cuda::check(cudaMalloc(reinterpret_cast<void**>(&send_tmp_), chunk_bytes_), "cudaMalloc (ring scratch)");

@@ -28,7 +28,10 @@ bool GpuWork::is_completed() {
   cuda::DeviceGuard g(device_);
   cudaError_t e = cudaEventQuery(done_);
   if (e == cudaSuccess) return true;
-  if (e == cudaErrorNotReady) return false;
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // the runtime also records "not ready" as this thread's last error
+    return false;
+  }
   cuda::check(e, "cudaEventQuery");
   return false;
 }

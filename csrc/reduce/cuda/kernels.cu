@@ -277,6 +277,9 @@ void launch(const char* what, void* dst, const void* a, const void* b, size_t n,
   const size_t wanted = (work + kThreads - 1) / kThreads;
   const int blocks =
       static_cast<int>(std::min(wanted, static_cast<size_t>(max_blocks(what))));
+  // A stale error from an earlier runtime call on this thread (cudaEventQuery's
+  // "not ready" among them) would otherwise be reported as this launch's.
+  (void)cudaGetLastError();
   elementwise_kernel<F><<<blocks, kThreads, 0, stream>>>(
       static_cast<S*>(dst), static_cast<const S*>(a), static_cast<const S*>(b), n, head, nvec,
       f);
