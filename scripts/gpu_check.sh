@@ -27,10 +27,16 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$OUT/summary.txt"; }
 } > "$OUT/env.txt" 2>&1
 stamp "environment: $OUT/env.txt"
 
-# A venv that sees the image's torch / cupy / NCCL wheel; nothing is downloaded.
-VENV=${RINGCOMM_GPU_VENV:-/tmp/ringcomm-gpu-venv}
-"$PY" -m venv --system-site-packages "$VENV"
-V="$VENV/bin/python"
+# Installs (editable) into PYTHON's own environment: the GPU machines are
+# throwaway, and their torch / cupy / NCCL wheel live in that environment (a
+# --system-site-packages venv made from a venv would not see them). Nothing is
+# downloaded. RINGCOMM_GPU_VENV=DIR builds into a fresh venv at DIR instead.
+if [ -n "${RINGCOMM_GPU_VENV:-}" ]; then
+  "$PY" -m venv --system-site-packages "$RINGCOMM_GPU_VENV"
+  V="$RINGCOMM_GPU_VENV/bin/python"
+else
+  V="$PY"
+fi
 if ! CMAKE_ARGS="-DRINGCOMM_CUDA=ON ${CMAKE_ARGS:-}" "$V" -m pip install --no-build-isolation --no-deps -v -e . \
     > "$OUT/build.log" 2>&1; then
   stamp "BUILD FAILED (tail of $OUT/build.log follows)"

@@ -72,15 +72,19 @@ GpuCommunicator::GpuCommunicator(int rank, int world, int device, const std::str
       world_(world),
       device_(device),
       timeout_s_(timeout_s),
-      default_algo_(default_algo),
-      executor_(chunk_bytes) {
+      default_algo_(default_algo) {
   cuda::DeviceGuard g(device_);
   try {
     cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda::check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
-    executor_.allocate();
+    executor_ = std::make_unique<DeviceExecutor>(chunk_bytes);  // checks the chunk size
     nccl_ = std::make_unique<NcclComm>(rank, world, nccl_unique_id);
+    ops_ = std::make_unique<NcclDeviceOps>(nccl_.get());
+    executor_->allocate(*ops_);
   } catch (...) {
+    executor_.reset();
+    ops_.reset();
+    nccl_.reset();
     if (ready_) cudaEventDestroy(ready_);
     if (stream_) cudaStreamDestroy(stream_);
     throw;
@@ -131,6 +135,8 @@ void GpuCommunicator::close() {
   closed_ = true;
   cuda::DeviceGuard g(device_);
   if (error().empty()) cudaStreamSynchronize(stream_);
+  executor_.reset();  // frees its scratch with this device current
+  ops_.reset();
   nccl_.reset();  // destroys (or, after abort, nothing)
   if (ready_) cudaEventDestroy(ready_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -196,19 +202,17 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
   }
 }
 
-Schedule& GpuCommunicator::plan_start() {
+// The "ring" family: the call's schedule (comm/device_plan.cpp), run by the
+// device executor on stream `s`. Slices of the ring are one chunk each.
+void GpuCommunicator::run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const DeviceCall& call) {
+  const size_t elem = dtype_size(dtype);
   schedule_.clear();
-  return schedule_;
+  PlanContext ctx{rank_, world_, elem, std::max<size_t>(1, executor_->chunk_bytes() / elem), &tag_, &schedule_,
+                  nullptr};
+  plan_device_call(ctx, call);
+  ops_->set_stream(s);
+  executor_->run(schedule_, *ops_, dtype, op);
 }
-
-void GpuCommunicator::run_schedule(cudaStream_t s, DataType dtype, ReduceOp op) {
-  executor_.run(schedule_, *nccl_, s, dtype, op);
-}
-
-#define RINGCOMM_PLAN_CONTEXT(dtype)                                                         \
-  PlanContext ctx{rank_, world_, dtype_size(dtype),                                          \
-                  std::max<size_t>(1, executor_.chunk_bytes() / dtype_size(dtype)), &tag_, \
-                  &plan_start(), nullptr}
 
 GpuCommunicator::WorkPtr GpuCommunicator::all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo) {
   require_op(x.dtype, op, "all_reduce");
@@ -221,9 +225,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::all_reduce(Buffer x, ReduceOp op, cuda
                    "ncclAllReduce");
       if (op == ReduceOp::kAvg) cuda::divide(x.dtype, x.ptr, x.count, world_, s);
     } else {
-      RINGCOMM_PLAN_CONTEXT(x.dtype);
-      ring_all_reduce(ctx, x.ptr, x.count, op == ReduceOp::kAvg);
-      run_schedule(s, x.dtype, op);
+      run_ring(s, x.dtype, op, {OpKind::kAllReduce, x.ptr, nullptr, x.count, -1, op == ReduceOp::kAvg});
     }
   });
 }
@@ -242,9 +244,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::reduce_scatter(Buffer out, Buffer in, 
                    "ncclReduceScatter");
       if (op == ReduceOp::kAvg) cuda::divide(out.dtype, out.ptr, out.count, world_, s);
     } else {
-      RINGCOMM_PLAN_CONTEXT(in.dtype);
-      ring_reduce_scatter(ctx, in.ptr, out.ptr, out.count, op == ReduceOp::kAvg);
-      run_schedule(s, in.dtype, op);
+      run_ring(s, in.dtype, op, {OpKind::kReduceScatter, out.ptr, in.ptr, out.count, -1, op == ReduceOp::kAvg});
     }
   });
 }
@@ -259,9 +259,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::all_gather(Buffer out, Buffer in, cuda
       nccl_->check(nccl::api().AllGather(in.ptr, out.ptr, in.nbytes(), nccl::kUint8, nccl_->handle(), s),
                    "ncclAllGather");
     } else {
-      RINGCOMM_PLAN_CONTEXT(in.dtype);
-      ring_all_gather(ctx, in.ptr, out.ptr, in.count);
-      run_schedule(s, in.dtype, ReduceOp::kSum);
+      run_ring(s, in.dtype, ReduceOp::kSum, {OpKind::kAllGather, out.ptr, in.ptr, in.count, -1, false});
     }
   });
 }
@@ -274,9 +272,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::broadcast(Buffer x, int root, cudaStre
       nccl_->check(nccl::api().Broadcast(x.ptr, x.ptr, x.nbytes(), nccl::kUint8, root, nccl_->handle(), s),
                    "ncclBroadcast");
     } else {
-      RINGCOMM_PLAN_CONTEXT(x.dtype);
-      chain_broadcast(ctx, root, x.ptr, x.nbytes());
-      run_schedule(s, x.dtype, ReduceOp::kSum);
+      run_ring(s, x.dtype, ReduceOp::kSum, {OpKind::kBroadcast, x.ptr, nullptr, x.count, root, false});
     }
   });
 }
@@ -293,9 +289,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::reduce(Buffer x, int root, ReduceOp op
                    "ncclReduce");
       if (op == ReduceOp::kAvg && rank_ == root) cuda::divide(x.dtype, x.ptr, x.count, world_, s);
     } else {
-      RINGCOMM_PLAN_CONTEXT(x.dtype);
-      chain_reduce(ctx, root, x.ptr, x.count, op == ReduceOp::kAvg);
-      run_schedule(s, x.dtype, op);
+      run_ring(s, x.dtype, op, {OpKind::kReduce, x.ptr, nullptr, x.count, root, op == ReduceOp::kAvg});
     }
   });
 }
@@ -306,9 +300,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::scatter(Buffer out, Buffer in, int roo
     require_count(in.count, out.count * world_, "scatter", "input (world_size * output)");
   }
   return launch("scatter", caller, [&](cudaStream_t s) {
-    RINGCOMM_PLAN_CONTEXT(out.dtype);
-    direct_scatter(ctx, root, in.ptr, out.ptr, out.nbytes());
-    run_schedule(s, out.dtype, ReduceOp::kSum);
+    run_ring(s, out.dtype, ReduceOp::kSum, {OpKind::kScatter, out.ptr, in.ptr, out.count, root, false});
   });
 }
 
@@ -318,9 +310,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::gather(Buffer out, Buffer in, int root
     require_count(out.count, in.count * world_, "gather", "output (world_size * input)");
   }
   return launch("gather", caller, [&](cudaStream_t s) {
-    RINGCOMM_PLAN_CONTEXT(in.dtype);
-    direct_gather(ctx, root, in.ptr, out.ptr, in.nbytes());
-    run_schedule(s, in.dtype, ReduceOp::kSum);
+    run_ring(s, in.dtype, ReduceOp::kSum, {OpKind::kGather, out.ptr, in.ptr, in.count, root, false});
   });
 }
 
@@ -329,9 +319,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::all_to_all(Buffer out, Buffer in, cuda
   require_count(out.count, in.count, "all_to_all", "output (as many as input)");
   if (in.count % world_) throw ValueError("all_to_all: input elements must divide evenly by the world size");
   return launch("all_to_all", caller, [&](cudaStream_t s) {
-    RINGCOMM_PLAN_CONTEXT(in.dtype);
-    pairwise_all_to_all(ctx, in.ptr, out.ptr, in.nbytes() / world_);
-    run_schedule(s, in.dtype, ReduceOp::kSum);
+    run_ring(s, in.dtype, ReduceOp::kSum, {OpKind::kAllToAll, out.ptr, in.ptr, in.count, -1, false});
   });
 }
 

@@ -21,7 +21,9 @@
 
 #include "algo/step.h"
 #include "comm/buffer.h"
-#include "comm/cuda/gpu_executor.h"
+#include "comm/cuda/nccl_device_ops.h"
+#include "comm/device_executor.h"
+#include "comm/device_plan.h"
 #include "comm/cuda/gpu_work.h"
 #include "transport/nccl/nccl_comm.h"
 
@@ -75,8 +77,7 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   void check_open();
   void set_error(const std::string& e);
   std::string error();
-  Schedule& plan_start();
-  void run_schedule(cudaStream_t s, DataType dtype, ReduceOp op);
+  void run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const DeviceCall& call);
 
   int rank_;
   int world_;
@@ -84,9 +85,10 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   double timeout_s_;
   GpuAlgo default_algo_;
   std::unique_ptr<NcclComm> nccl_;
+  std::unique_ptr<NcclDeviceOps> ops_;         // the ring family's device operations
+  std::unique_ptr<DeviceExecutor> executor_;  // released before ops_ and nccl_ (close)
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream before each call
-  GpuExecutor executor_;
   Schedule schedule_;
   MsgTag tag_;  // schedules want one; GPU messages carry no headers
   std::mutex mu_;  // one call queued at a time (they share the stream and the executor)
