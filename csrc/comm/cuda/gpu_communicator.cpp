@@ -78,11 +78,14 @@ GpuCommunicator::GpuCommunicator(int rank, int world, int device, const std::str
     cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda::check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     executor_ = std::make_unique<DeviceExecutor>(chunk_bytes);  // checks the chunk size
+    graph_executor_ = std::make_unique<DeviceExecutor>(chunk_bytes);
     nccl_ = std::make_unique<NcclComm>(rank, world, nccl_unique_id);
     ops_ = std::make_unique<NcclDeviceOps>(nccl_.get());
     executor_->allocate(*ops_);
+    graph_executor_->allocate(*ops_);
   } catch (...) {
     executor_.reset();
+    graph_executor_.reset();
     ops_.reset();
     nccl_.reset();
     if (ready_) cudaEventDestroy(ready_);
@@ -136,6 +139,7 @@ void GpuCommunicator::close() {
   cuda::DeviceGuard g(device_);
   if (error().empty()) cudaStreamSynchronize(stream_);
   executor_.reset();  // frees its scratch with this device current
+  graph_executor_.reset();
   ops_.reset();
   nccl_.reset();  // destroys (or, after abort, nothing)
   if (ready_) cudaEventDestroy(ready_);
@@ -211,7 +215,9 @@ void GpuCommunicator::run_ring(cudaStream_t s, DataType dtype, ReduceOp op, cons
                   nullptr};
   plan_device_call(ctx, call);
   ops_->set_stream(s);
-  executor_->run(schedule_, *ops_, dtype, op);
+  // Calls captured into a CUDA graph (queued on the capturing stream, not on
+  // stream_) get scratch of their own: a replay may run beside eager calls.
+  (s == stream_ ? executor_ : graph_executor_)->run(schedule_, *ops_, dtype, op);
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo) {

@@ -5,7 +5,10 @@
 // queued on the caller's stream (an event recorded there, waited on by the
 // comm stream), runs on the comm stream, and returns a GpuWork whose event
 // marks its end. A caller stream that is capturing a CUDA graph gets the
-// operation queued on itself instead (no events), so the graph holds it.
+// operation queued on itself instead (no events), so the graph holds it; the
+// ring family's captured calls use scratch of their own, so a replay may run
+// beside eager calls (but two graphs holding ring calls of one communicator
+// must not replay at once).
 //
 // Families: "nccl" calls NCCL's own collective; "ring" runs ringcomm's
 // schedules (csrc/algo) over NCCL send/recv with ringcomm's CUDA kernels.
@@ -87,6 +90,7 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   std::unique_ptr<NcclComm> nccl_;
   std::unique_ptr<NcclDeviceOps> ops_;         // the ring family's device operations
   std::unique_ptr<DeviceExecutor> executor_;  // released before ops_ and nccl_ (close)
+  std::unique_ptr<DeviceExecutor> graph_executor_;  // the same, for calls captured into CUDA graphs
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream before each call
   Schedule schedule_;
