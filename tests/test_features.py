@@ -496,7 +496,7 @@ def section_bad_inputs(comm, fail):
 
 
 def section_small_all_reduce(comm, fail):
-    """The latency path of small synchronous all_reduce calls (comm/small_all_reduce.cpp):
+    """The latency path of small synchronous all_reduce calls (comm/latency_path.cpp):
     every rank gets the same bits (inputs folded in rank order), at the size limit and
     one element past it, and a rank whose call is queued behind an async one (the
     general path) runs it together with ranks on the latency path."""
@@ -631,6 +631,19 @@ def _sendrecv_ring(comm):
         ringcomm.sendrecv(np.full(n, r, np.float32), nxt, got, prv, comm=comm)
         if not (got == prv).all():
             fails.append(f"sendrecv of {n} float32 from rank {prv}: wrong data {got[:4]}")
+    # Rank 0 sends and receives as separate calls (the general path); the others take
+    # sendrecv's latency path: the messages are the same.
+    for it in range(3):
+        got = np.full(5, -1, np.int64)
+        mine = np.full(5, 10 * r + it, np.int64)
+        if r == 0:
+            w = comm.send(mine, nxt, async_op=True)
+            comm.recv(got, prv)
+            w.wait()
+        else:
+            comm.sendrecv(mine, nxt, got, prv)
+        if not (got == 10 * prv + it).all():
+            fails.append(f"sendrecv next to send + recv, round {it}: got {got}")
     for bad in (r, ws):
         try:
             comm.sendrecv(np.zeros(4, np.float32), bad, np.zeros(4, np.float32), prv)

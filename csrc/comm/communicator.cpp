@@ -51,6 +51,8 @@ Communicator::Communicator(int rank, int world, Config config)
   small_path_ = config_.algo == "auto" || config_.algo == "oneshot";
   small_max_bytes_ = config_.algo == "auto" ? std::min(config_.oneshot_max_bytes, config_.slot_bytes)
                                             : config_.slot_bytes;
+  // Small send/recv go through the FIFOs unless pulls are forced (plan_p2p).
+  small_p2p_ = config_.algo != "pull" && config_.slot_bytes < config_.pull_min_bytes;
 }
 
 Communicator::~Communicator() {
@@ -331,6 +333,7 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
   require_present(recv_buf, "recv_tensor", "sendrecv");
   check_peer(dst, "dst");
   check_peer(src, "src");
+  if (small_sendrecv(send_buf, dst, recv_buf, src)) return;
   Call s = collective(OpKind::kSend, send_buf.dtype, send_buf.count, "send");
   s.a = send_buf;
   s.root = dst;

@@ -114,10 +114,13 @@ class Communicator {
   using Item = std::pair<Call, std::shared_ptr<Work>>;
 
   std::shared_ptr<Work> submit(Call call, bool async);
-  // The latency path of a small synchronous all_reduce (comm/small_all_reduce.cpp).
-  // Returns false, having done nothing, when the call must take the general path.
+  // The latency paths of small synchronous calls (comm/latency_path.cpp).
+  // They return false, having done nothing, when the call must take the general path.
   bool small_all_reduce(const Buffer& x, ReduceOp op, const Reducer& reducer);
   void run_small_all_reduce(const Buffer& x, const MsgTag& tag, const Reducer& reducer, bool avg);
+  bool small_sendrecv(const Buffer& send_buf, int dst, const Buffer& recv_buf, int src);
+  void run_small_sendrecv(const Buffer& send_buf, int dst, const MsgTag& out, const Buffer& recv_buf, int src,
+                          const MsgTag& in);
   void assign_seq(Call& call);
   std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify);
   void execute(Call& call, Work& work);
@@ -146,6 +149,7 @@ class Communicator {
   std::vector<const char*> small_in_;  // small all_reduce: the inputs, by rank
   bool small_path_ = false;            // small all_reduce: on (the algorithm allows one-shot) ...
   size_t small_max_bytes_ = 0;         // ... up to this size (one segment)
+  bool small_p2p_ = false;             // small sendrecv (unless every send/recv must pull)
   std::vector<uint64_t> addrs_;  // pull schedules: published buffer addresses
   bool pull_ok_ = false;
 
