@@ -36,6 +36,13 @@ def test_build_info_says_what_was_compiled():
         assert "80" in info["cuda_archs"] and "90" in info["cuda_archs"]
 
 
+@pytest.mark.skipif(not (cuda.compiled() and os.environ.get("NCCL_HOME")),
+                    reason="needs a CUDA build made with NCCL_HOME set (as .ci/run does)")
+def test_nccl_declarations_were_checked_against_nccl_h():
+    """.ci/run fetches nccl.h and builds with NCCL_HOME: the build must have used it."""
+    assert ringcomm.build_info()["nccl_declarations"] == "checked against nccl.h"
+
+
 def test_gpu_buffers_are_told_apart_from_cpu_ones():
     with pytest.raises(_C.DeviceBufferError):
         _C.buffer_info(FakeCudaArray(4))
