@@ -1,6 +1,7 @@
 #include "comm/cuda/gpu_communicator.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "algo/schedules.h"
 #include "comm/cuda/cuda_util.h"
@@ -108,9 +109,9 @@ std::string GpuCommunicator::async_error() {
     if (!error_.empty()) return error_;
   }
   // ncclCommGetAsyncError is safe next to a call in flight on another thread;
-  // the handle is only released by abort() / close(), which take mu_.
-  NcclComm* n = nccl_.get();
-  return n ? n->async_error() : std::string();
+  // nccl_mu_ keeps close() from releasing the handle meanwhile.
+  std::lock_guard<std::mutex> lk(nccl_mu_);
+  return nccl_ ? nccl_->async_error() : std::string();
 }
 
 void GpuCommunicator::set_error(const std::string& e) {
@@ -124,8 +125,8 @@ std::string GpuCommunicator::error() {
 }
 
 void GpuCommunicator::abort(const std::string& why) {
-  set_error(why);
-  std::lock_guard<std::mutex> lk(mu_);
+  set_error(why);  // first: calls being queued now see it
+  std::lock_guard<std::mutex> lk(nccl_mu_);
   if (nccl_) {
     cuda::DeviceGuard g(device_);
     nccl_->abort();
@@ -137,7 +138,11 @@ void GpuCommunicator::close() {
   if (closed_) return;
   closed_ = true;
   cuda::DeviceGuard g(device_);
+  // The watchdog still runs here: a call that hangs past the timeout is
+  // aborted, which lets this synchronize return.
   if (error().empty()) cudaStreamSynchronize(stream_);
+  stop_watchdog();
+  std::lock_guard<std::mutex> nl(nccl_mu_);
   executor_.reset();  // frees its scratch with this device current
   graph_executor_.reset();
   ops_.reset();
@@ -146,6 +151,79 @@ void GpuCommunicator::close() {
   if (stream_) cudaStreamDestroy(stream_);
   ready_ = nullptr;
   stream_ = nullptr;
+}
+
+// Called by launch() with the comm stream's work queued and device_ current.
+void GpuCommunicator::watch(const char* what) {
+  cudaEvent_t ev = nullptr;
+  cuda::check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate (watchdog)");
+  if (cudaEventRecord(ev, stream_) != cudaSuccess) {
+    cudaEventDestroy(ev);
+    cuda::check(cudaGetLastError(), "cudaEventRecord (watchdog)");
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s_));
+  std::lock_guard<std::mutex> lk(wd_mu_);
+  watched_.push_back({ev, deadline, what});
+  if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+void GpuCommunicator::release_watched_locked() {
+  for (Watched& w : watched_) cudaEventDestroy(w.done);
+  watched_.clear();
+}
+
+void GpuCommunicator::stop_watchdog() {
+  {
+    std::lock_guard<std::mutex> lk(wd_mu_);
+    wd_stop_ = true;
+  }
+  wd_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  std::lock_guard<std::mutex> lk(wd_mu_);
+  release_watched_locked();
+}
+
+void GpuCommunicator::watchdog_loop() {
+  if (cudaSetDevice(device_) != cudaSuccess) return;
+  std::unique_lock<std::mutex> lk(wd_mu_);
+  while (!wd_stop_) {
+    wd_cv_.wait_for(lk, std::chrono::milliseconds(50));
+    if (wd_stop_) break;
+    std::string why;
+    const auto now = std::chrono::steady_clock::now();
+    while (!watched_.empty()) {
+      Watched& w = watched_.front();
+      const cudaError_t e = cudaEventQuery(w.done);
+      if (e == cudaSuccess) {
+        cudaEventDestroy(w.done);
+        watched_.pop_front();
+        continue;
+      }
+      (void)cudaGetLastError();  // "not ready" (or worse) is recorded as this thread's last error
+      if (e != cudaErrorNotReady) {
+        why = w.what + ": " + cudaGetErrorString(e);
+      } else if (now > w.deadline) {
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%.3g", timeout_s_);
+        why = w.what + " on rank " + std::to_string(rank_) + " did not finish within " + secs +
+              " s on the GPU (watchdog; did every rank call it?)";
+      }
+      break;  // calls finish in order: the oldest unfinished one decides
+    }
+    if (why.empty() && !watched_.empty()) {
+      std::lock_guard<std::mutex> nl(nccl_mu_);
+      if (nccl_) why = nccl_->async_error();
+      if (!why.empty()) why = "NCCL: " + why;
+    }
+    if (!why.empty() && error().empty()) {
+      release_watched_locked();
+      lk.unlock();
+      abort(why);
+      lk.lock();
+    }
+  }
 }
 
 void GpuCommunicator::check_open() {
@@ -199,6 +277,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
     cuda::check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     body(stream_);
     cuda::check(cudaEventRecord(done, stream_), "cudaEventRecord (comm stream)");
+    watch(what);
     return work;
   } catch (const Error& e) {
     set_error(e.what());

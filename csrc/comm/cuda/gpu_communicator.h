@@ -18,9 +18,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "algo/step.h"
 #include "comm/buffer.h"
@@ -64,6 +68,12 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   // exchanging never wait on each other's send).
   WorkPtr sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src, cudaStream_t caller);
 
+  // A watchdog thread (started with the first call) looks at the calls in
+  // flight every 50 ms: one past the communicator's timeout, or an NCCL
+  // asynchronous error, aborts the NCCL communicator (its kernels stop
+  // spinning) and makes later calls raise, as torch's NCCL watchdog does;
+  // synchronous calls are never waited on by the host, so nothing else would.
+
   // NCCL's asynchronous error, if any ("" otherwise).
   std::string async_error();
   // Aborts the NCCL communicator (in-flight operations are dropped); later
@@ -78,6 +88,9 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   template <class Body>
   WorkPtr launch(const char* what, cudaStream_t caller, Body&& body);
   void check_open();
+  void watch(const char* what);
+  void watchdog_loop();
+  void stop_watchdog();
   void set_error(const std::string& e);
   std::string error();
   void run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const DeviceCall& call);
@@ -97,6 +110,18 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   MsgTag tag_;  // schedules want one; GPU messages carry no headers
   std::mutex mu_;  // one call queued at a time (they share the stream and the executor)
   std::mutex err_mu_;  // error_ alone: read by waiters while a call is being queued
+  std::mutex nccl_mu_;  // nccl_'s lifetime: abort() (any thread) against close()
+  std::mutex wd_mu_;
+  std::condition_variable wd_cv_;
+  bool wd_stop_ = false;
+  std::thread watchdog_;
+  struct Watched {
+    cudaEvent_t done;  // the watchdog's own event (a Work's may be gone first)
+    std::chrono::steady_clock::time_point deadline;
+    std::string what;
+  };
+  std::deque<Watched> watched_;
+  void release_watched_locked();
   std::string error_;
   bool closed_ = false;
 };
