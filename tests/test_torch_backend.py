@@ -607,5 +607,5 @@ def test_torchrun(tmp_path):
         os.killpg(proc.pid, 9)  # torchrun and its workers
         out, _ = proc.communicate()
         pytest.fail(f"torchrun did not finish within 120 s:\n{out[-3000:]}")
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == 0, f"torchrun exited with {proc.returncode}:\n{out[-3000:]}"
     assert "rank 0 of 2 ok" in out and "rank 1 of 2 ok" in out, out[-3000:]
