@@ -581,7 +581,7 @@ void Communicator::fail(const std::string& message) {
 void Communicator::execute_p2p(Item first) {
   struct Member {
     Item item;
-    size_t begin, end;  // its steps in schedule_
+    size_t begin = 0, end = 0;  // its steps in schedule_
     Clock::time_point deadline;
     CallInfo info;
     bool done = false;
@@ -592,9 +592,12 @@ void Communicator::execute_p2p(Item first) {
   Clock::time_point deadline;
   CallInfo info;
   auto add = [&](Item item) {
-    members.push_back(Member{std::move(item), schedule_.size(), 0, deadline_from_now(), {}, false,
-                             std::vector<uint64_t>(world_)});
+    members.emplace_back();  // filled in place (an aggregate temporary trips GCC 12's -Wmaybe-uninitialized)
     Member& m = members.back();
+    m.item = std::move(item);
+    m.begin = schedule_.size();
+    m.deadline = deadline_from_now();
+    m.addrs.assign(world_, 0);
     Call& c = m.item.first;
     m.info = CallInfo{c.name, c.tag.seq, rank_, config_.timeout_s};
     PlanContext ctx{rank_, world_, dtype_size(c.a.dtype), 1, &c.tag, &schedule_, m.addrs.data()};

@@ -26,9 +26,9 @@ struct WaitPolicy {
 // What a failing executor reports about the call it was running.
 struct CallInfo {
   std::string op;  // "all_reduce"
-  uint64_t seq;
-  int rank;
-  double timeout_s;
+  uint64_t seq = 0;
+  int rank = -1;
+  double timeout_s = 0;
 };
 
 class Executor {
