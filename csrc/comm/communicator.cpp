@@ -328,6 +328,14 @@ std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mut
   return work;
 }
 
+void Communicator::release_inline() {
+  std::lock_guard<std::mutex> lk(mu_);
+  running_ = false;
+  // The worker only waits for queued calls: waking it for nothing costs a
+  // context switch on the core this thread runs on.
+  if (worker_.joinable() && !queue_.empty()) cv_.notify_all();
+}
+
 void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) {
   require_present(send_buf, "send_tensor", "sendrecv");
   require_present(recv_buf, "recv_tensor", "sendrecv");
@@ -364,12 +372,7 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
     lk.unlock();
     Work work(call.name);
     execute(call, work);
-    lk.lock();
-    running_ = false;
-    // The worker only waits for queued calls: waking it for nothing costs a
-    // context switch on the core this thread runs on.
-    if (worker_.joinable() && !queue_.empty()) cv_.notify_all();
-    lk.unlock();
+    release_inline();
     work.rethrow();
     return nullptr;
   }

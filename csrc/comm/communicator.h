@@ -119,6 +119,16 @@ class Communicator {
   bool small_all_reduce(const Buffer& x, ReduceOp op, const Reducer& reducer);
   void run_small_all_reduce(const Buffer& x, const MsgTag& tag, const Reducer& reducer, bool avg);
   bool small_sendrecv(const Buffer& send_buf, int dst, const Buffer& recv_buf, int src);
+  // A call run inline by the calling thread: claim_inline takes the
+  // communicator (numbering the call with `number`, under the lock) unless
+  // calls are queued or running, in which case the call must queue behind
+  // them; release_inline gives it back. run_claimed runs `body` between the
+  // two and poisons the communicator if it throws.
+  template <class Number>
+  bool claim_inline(Number&& number);
+  void release_inline();
+  template <class Body>
+  void run_claimed(Body&& body);
   void run_small_sendrecv(const Buffer& send_buf, int dst, const MsgTag& out, const Buffer& recv_buf, int src,
                           const MsgTag& in);
   void assign_seq(Call& call);

@@ -1,5 +1,7 @@
 #include "comm/describe.h"
 
+#include <cstdio>
+
 #include "ringcomm/types.h"
 
 namespace ringcomm {
@@ -38,6 +40,12 @@ std::string describe_tag(const MsgTag& t) {
   if (t.algo == 3) s += ", pull";
   s += ")";
   return s;
+}
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", s);
+  return buf;
 }
 
 }  // namespace ringcomm

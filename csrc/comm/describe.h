@@ -24,5 +24,7 @@ enum class OpKind : uint8_t {
 const char* op_kind_name(OpKind k);
 // "all_reduce(seq 3, float32, count 1000, sum)"
 std::string describe_tag(const MsgTag& t);
+// A timeout in messages: "300", "0.5", "1.5e+03".
+std::string seconds_text(double s);
 
 }  // namespace ringcomm

@@ -31,10 +31,6 @@ namespace {
 // rule blocks anything further anyway; this bounds the cost of a pass.
 size_t window_for(int world) { return static_cast<size_t>(4 * world + 8); }
 
-uint32_t page_offset(const void* p) {
-  return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 4095);
-}
-
 bool uses_recv(StepKind k) {
   return k == StepKind::kRecv || k == StepKind::kRecvReduce || k == StepKind::kRecvReduceSend ||
          k == StepKind::kRecvReduceCopySend || k == StepKind::kRecvCopySend;
@@ -261,10 +257,12 @@ void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
   } else {
     what = "waiting for rank " + std::to_string(s.send_peer) + " to take data";
   }
-  char secs[32];
-  std::snprintf(secs, sizeof secs, "%.3g", info.timeout_s);
+  throw_timeout(info, what);
+}
+
+void Executor::throw_timeout(const CallInfo& info, const std::string& what) const {
   throw TimeoutError("ringcomm: " + info.op + " (seq " + std::to_string(info.seq) + ") on rank " +
-                     std::to_string(rank_) + " timed out after " + secs + " s " + what +
+                     std::to_string(rank_) + " timed out after " + seconds_text(info.timeout_s) + " s " + what +
                      " (did every rank call it?)");
 }
 

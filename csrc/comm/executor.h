@@ -61,6 +61,10 @@ class Executor {
   void drive(StepF&& step, DoneF&& done, const Clock::time_point& deadline, const CallInfo& info,
              TimeoutF&& on_timeout);
 
+  // Throws the TimeoutError of a call: "ringcomm: <op> (seq N) on rank R timed
+  // out after T s <what> (did every rank call it?)".
+  [[noreturn]] void throw_timeout(const CallInfo& info, const std::string& what) const;
+
   // Throws the mismatch error unless `h` is segment `segment` of `expect`
   // with `expect_bytes` bytes, as sent by rank `peer`.
   void check_header(const MsgTag& expect, int peer, uint64_t segment, const MsgHeader& h,

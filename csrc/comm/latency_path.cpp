@@ -10,42 +10,45 @@
 // likewise sends and receives one segment each, the messages of a send and a
 // recv call (algo/direct.cpp's p2p schedules).
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
 #include "comm/communicator.h"
 
 namespace ringcomm {
 
+template <class Number>
+bool Communicator::claim_inline(Number&& number) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_usable();
+  if (!queue_.empty() || running_) return false;  // keep issue order: queue behind them
+  running_ = true;
+  number();
+  return true;
+}
+
+template <class Body>
+void Communicator::run_claimed(Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    fail(e.what());
+    release_inline();
+    throw;
+  }
+  release_inline();
+}
+
 bool Communicator::small_all_reduce(const Buffer& x, ReduceOp op, const Reducer& reducer) {
   if (!small_path_ || x.nbytes() > small_max_bytes_) return false;
   MsgTag tag;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    check_usable();
-    if (!queue_.empty() || running_) return false;  // keep issue order: queue behind them
-    running_ = true;
-    tag.seq = ++seq_;
-  }
+  if (!claim_inline([&] { tag.seq = ++seq_; })) return false;
   tag.kind = static_cast<uint8_t>(OpKind::kAllReduce);
   tag.dtype = static_cast<uint8_t>(x.dtype);
   tag.redop = static_cast<uint8_t>(op);
   tag.algo = kFamilyOneShot;
   tag.root = -1;
   tag.count = x.count;
-  auto done = [this] {
-    std::lock_guard<std::mutex> lk(mu_);
-    running_ = false;
-    if (worker_.joinable() && !queue_.empty()) cv_.notify_all();
-  };
-  try {
-    run_small_all_reduce(x, tag, reducer, op == ReduceOp::kAvg);
-  } catch (const std::exception& e) {
-    fail(e.what());
-    done();
-    throw;
-  }
-  done();
+  run_claimed([&] { run_small_all_reduce(x, tag, reducer, op == ReduceOp::kAvg); });
   return true;
 }
 
@@ -54,7 +57,7 @@ void Communicator::run_small_all_reduce(const Buffer& x, const MsgTag& tag, cons
   const int n = world_, r = rank_;
   if (n == 1) return;  // the sum (or AVG) of one input is the input
   const size_t bytes = x.nbytes();
-  const uint32_t offset = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(x.ptr) & 4095);
+  const uint32_t offset = page_offset(x.ptr);
   std::fill(small_in_.begin(), small_in_.end(), nullptr);
   int sent = 0, got = 0;
   // Sends go to r+1, r+2, ... as in the schedule; receives are taken from
@@ -102,11 +105,7 @@ void Communicator::run_small_all_reduce(const Buffer& x, const MsgTag& tag, cons
         }
       }
     }
-    char secs[32];
-    std::snprintf(secs, sizeof secs, "%.3g", config_.timeout_s);
-    throw TimeoutError("ringcomm: all_reduce (seq " + std::to_string(tag.seq) + ") on rank " +
-                       std::to_string(r) + " timed out after " + secs + " s " + what +
-                       " (did every rank call it?)");
+    executor_.throw_timeout(info, what);
   };
   executor_.drive(step, [&] { return sent == n - 1 && got == n - 1; }, deadline_from_now(), info, timeout);
 
@@ -131,13 +130,11 @@ bool Communicator::small_sendrecv(const Buffer& send_buf, int dst, const Buffer&
     return false;
   }
   MsgTag out, in;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    check_usable();
-    if (!queue_.empty() || running_) return false;
-    running_ = true;
-    out.seq = ++send_seq_[dst];
-    in.seq = ++recv_seq_[src];
+  if (!claim_inline([&] {
+        out.seq = ++send_seq_[dst];
+        in.seq = ++recv_seq_[src];
+      })) {
+    return false;
   }
   // The tags send() and recv() would give these messages (algo/direct.cpp).
   out.kind = in.kind = static_cast<uint8_t>(OpKind::kSend);
@@ -147,19 +144,7 @@ bool Communicator::small_sendrecv(const Buffer& send_buf, int dst, const Buffer&
   out.algo = in.algo = kFamilyFifo;
   out.count = send_buf.count;
   in.count = recv_buf.count;
-  auto done = [this] {
-    std::lock_guard<std::mutex> lk(mu_);
-    running_ = false;
-    if (worker_.joinable() && !queue_.empty()) cv_.notify_all();
-  };
-  try {
-    run_small_sendrecv(send_buf, dst, out, recv_buf, src, in);
-  } catch (const std::exception& e) {
-    fail(e.what());
-    done();
-    throw;
-  }
-  done();
+  run_claimed([&] { run_small_sendrecv(send_buf, dst, out, recv_buf, src, in); });
   return true;
 }
 
@@ -172,7 +157,7 @@ void Communicator::run_small_sendrecv(const Buffer& send_buf, int dst, const Msg
   auto step = [&] {
     bool moved = false;
     if (!sent) {
-      char* slot = to->send_slot(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(send_buf.ptr) & 4095));
+      char* slot = to->send_slot(page_offset(send_buf.ptr));
       if (slot) {
         if (sbytes) std::memcpy(slot, send_buf.ptr, sbytes);
         MsgHeader h;
@@ -196,8 +181,7 @@ void Communicator::run_small_sendrecv(const Buffer& send_buf, int dst, const Msg
   };
   const CallInfo info{"sendrecv", in.seq, rank_, config_.timeout_s};
   auto timeout = [&] {
-    char secs[32];
-    std::snprintf(secs, sizeof secs, "%.3g", config_.timeout_s);
+    const std::string secs = seconds_text(config_.timeout_s);
     const std::string what = !got ? "waiting for data from rank " + std::to_string(src)
                                   : "waiting for rank " + std::to_string(dst) + " to take data";
     throw TimeoutError("ringcomm: sendrecv (send seq " + std::to_string(out.seq) + " to rank " +

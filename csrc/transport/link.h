@@ -40,6 +40,9 @@ struct MsgHeader {
   uint64_t segment = 0;         // index of this segment within the transfer
 };
 
+// Where `p` sits within its 4 KiB page (what Link::send_slot aligns slots to).
+inline uint32_t page_offset(const void* p) { return static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 4095); }
+
 class Link {
  public:
   virtual ~Link() = default;

@@ -1,7 +1,6 @@
 #include "comm/cuda/gpu_communicator.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "algo/schedules.h"
 #include "comm/cuda/cuda_util.h"
@@ -205,9 +204,7 @@ void GpuCommunicator::watchdog_loop() {
       if (e != cudaErrorNotReady) {
         why = w.what + ": " + cudaGetErrorString(e);
       } else if (now > w.deadline) {
-        char secs[32];
-        std::snprintf(secs, sizeof secs, "%.3g", timeout_s_);
-        why = w.what + " on rank " + std::to_string(rank_) + " did not finish within " + secs +
+        why = w.what + " on rank " + std::to_string(rank_) + " did not finish within " + seconds_text(timeout_s_) +
               " s on the GPU (watchdog; did every rank call it?)";
       }
       break;  // calls finish in order: the oldest unfinished one decides

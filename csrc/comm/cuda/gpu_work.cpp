@@ -1,7 +1,6 @@
 #include "comm/cuda/gpu_work.h"
 
 #include <chrono>
-#include <cstdio>
 #include <thread>
 
 #include "comm/cuda/cuda_util.h"
@@ -54,8 +53,7 @@ void GpuWork::synchronize(double timeout_s) {
       throw Error("ringcomm: " + what_ + " on rank " + std::to_string(owner_->rank()) + " failed: " + err);
     }
     if (Clock::now() > deadline) {
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%.3g", timeout_s);
+      const std::string secs = seconds_text(timeout_s);
       const std::string why = what_ + " timed out after " + secs + " s on the GPU";
       owner_->abort(why);
       throw TimeoutError("ringcomm: " + what_ + " on rank " + std::to_string(owner_->rank()) +
