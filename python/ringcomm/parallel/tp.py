@@ -84,99 +84,56 @@ def _chunk(x, comm, dim):
 # ------------------------------------------------------------- autograd functions
 
 
-class _CopyToTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return x.view_as(x)
+def _identity(x, comm, dim):
+    return x.view_as(x)
+
+
+def _sum(x, comm, dim):
+    return _all_reduce(x, comm)
+
+
+class _Conjugate(torch.autograd.Function):
+    """forward: fwd(x, comm, dim); backward: bwd(grad, comm, dim). Every layer's
+    communication is one such pair (Megatron's f/g and their sequence-parallel twins)."""
 
     @staticmethod
-    def backward(ctx, g):
-        return _all_reduce(g, ctx.comm), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, comm):
-        return _all_reduce(x, comm)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
-
-
-class _GatherFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, comm, dim):
-        ctx.comm, ctx.dim = comm, dim
-        return _all_gather(x, comm, dim)
+    def forward(ctx, x, comm, dim, fwd, bwd):
+        ctx.comm, ctx.dim, ctx.bwd = comm, dim, bwd
+        return fwd(x, comm, dim)
 
     @staticmethod
     def backward(ctx, g):
-        return _chunk(g, ctx.comm, ctx.dim), None, None
-
-
-class _ScatterToTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, comm, dim):
-        ctx.comm, ctx.dim = comm, dim
-        return _chunk(x, comm, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _all_gather(g, ctx.comm, ctx.dim), None, None
-
-
-class _GatherFromSP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, comm, dim):
-        ctx.comm, ctx.dim = comm, dim
-        return _all_gather(x, comm, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _reduce_scatter(g, ctx.comm, ctx.dim), None, None
-
-
-class _ReduceScatterToSP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, comm, dim):
-        ctx.comm, ctx.dim = comm, dim
-        return _reduce_scatter(x, comm, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _all_gather(g, ctx.comm, ctx.dim), None, None
+        return ctx.bwd(g, ctx.comm, ctx.dim), None, None, None, None
 
 
 def copy_to_tp(x, comm):
     """Identity forward; all_reduce (sum) of the gradient backward."""
-    return _CopyToTP.apply(x, comm)
+    return _Conjugate.apply(x, comm, None, _identity, _sum)
 
 
 def reduce_from_tp(x, comm):
     """all_reduce (sum) forward; identity backward."""
-    return _ReduceFromTP.apply(x, comm)
+    return _Conjugate.apply(x, comm, None, _sum, _identity)
 
 
 def gather_from_tp(x, comm, dim=-1):
     """all_gather along dim forward; this rank's chunk of the gradient backward."""
-    return _GatherFromTP.apply(x, comm, dim)
+    return _Conjugate.apply(x, comm, dim, _all_gather, _chunk)
 
 
 def scatter_to_tp(x, comm, dim=-1):
     """This rank's chunk along dim forward; all_gather of the gradient backward."""
-    return _ScatterToTP.apply(x, comm, dim)
+    return _Conjugate.apply(x, comm, dim, _chunk, _all_gather)
 
 
 def gather_from_sp(x, comm, dim=1):
     """Sequence parallel: all_gather along dim forward; reduce_scatter backward."""
-    return _GatherFromSP.apply(x, comm, dim)
+    return _Conjugate.apply(x, comm, dim, _all_gather, _reduce_scatter)
 
 
 def reduce_scatter_to_sp(x, comm, dim=1):
     """Sequence parallel: reduce_scatter along dim forward; all_gather backward."""
-    return _ReduceScatterToSP.apply(x, comm, dim)
+    return _Conjugate.apply(x, comm, dim, _reduce_scatter, _all_gather)
 
 
 def split_sequence(x, comm, dim=1):
