@@ -298,3 +298,54 @@ def assert_no_failures(results: Sequence[Sequence[str]], limit: int = 40) -> Non
         msg = f"{total} failed checks:\n" + "\n".join(shown) + more
         print(msg, file=sys.stderr)
         raise AssertionError(msg)
+
+
+# ------------------------------------------------------------------ sectioned groups
+# A test module that checks many things in one spawned group of ranks runs them as
+# sections: each section fills its own failure list, and a section that raises
+# stops the ones after it (the ranks may be out of step). One group per world size
+# serves every test of the module.
+
+
+def run_sections(comm, sections: Sequence[str], functions: dict, tracebacks: bool = False) -> dict:
+    """In a rank: functions[name](comm, fail) for each name in order; returns {name: failures}."""
+    import traceback
+
+    import ringcomm
+    from checks import first_line
+
+    out, broken = {}, None
+    for name in sections:
+        failures = out.setdefault(name, [])
+        if broken:
+            failures.append(f"not run: {broken}")
+            continue
+        try:
+            functions[name](comm, failures.append)
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"raised {type(e).__name__}: {first_line(e)}"
+                            + (f"\n{traceback.format_exc()}" if tracebacks else ""))
+            if isinstance(e, ringcomm.RingcommError):
+                broken = f"the communicator became unusable in section {name!r}"
+            else:
+                broken = f"section {name!r} stopped with an exception; ranks may be out of step"
+    return out
+
+
+def cached_groups(fn: Callable, **run_kw) -> Callable[[int], list]:
+    """results(world_size): run_ranks(fn, world_size, **run_kw), once per world size
+    (a failed run is remembered and raised again)."""
+    cache = {}
+
+    def results(world_size: int) -> list:
+        if world_size not in cache:
+            try:
+                cache[world_size] = run_ranks(fn, world_size, **run_kw)
+            except HarnessError as e:
+                cache[world_size] = e
+        res = cache[world_size]
+        if isinstance(res, Exception):
+            raise res
+        return res
+
+    return results

@@ -546,40 +546,10 @@ def section_small_all_reduce(comm, fail):
 # ---------------------------------------------------------------- rank function
 
 def _all_sections(comm):
-    import ringcomm
-
-    out = {}
-    broken = None
-    for name in SECTIONS:
-        failures = out.setdefault(name, [])
-        if broken:
-            failures.append(f"not run: {broken}")
-            continue
-        try:
-            globals()[f"section_{name}"](comm, failures.append)
-        except ringcomm.RingcommError as e:
-            failures.append(f"raised {type(e).__name__}: {first_line(e)}")
-            broken = f"the communicator became unusable in section {name!r}"
-        except Exception as e:  # noqa: BLE001
-            failures.append(f"raised {type(e).__name__}: {first_line(e)}")
-            broken = f"section {name!r} stopped with an exception; ranks may be out of step"
-    return out
+    return harness.run_sections(comm, SECTIONS, {n: globals()[f"section_{n}"] for n in SECTIONS})
 
 
-_cache = {}
-
-
-def _results(world_size):
-    if world_size not in _cache:
-        try:
-            _cache[world_size] = harness.run_ranks(_all_sections, world_size, comm_timeout=15.0,
-                                                   hard_timeout=180)
-        except harness.HarnessError as e:
-            _cache[world_size] = e
-    res = _cache[world_size]
-    if isinstance(res, Exception):
-        raise res
-    return res
+_results = harness.cached_groups(_all_sections, comm_timeout=15.0, hard_timeout=180)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -285,37 +285,11 @@ def section_3d(comm, fail):
 # ---------------------------------------------------------------- rank function
 
 def _all_sections(comm):
-    out = {}
-    broken = None
-    for name in SECTIONS:
-        failures = out.setdefault(name, [])
-        if broken:
-            failures.append(f"not run: {broken}")
-            continue
-        try:
-            globals()[f"section_{name}"](comm, failures.append)
-        except Exception as e:  # noqa: BLE001
-            import traceback
-
-            failures.append(f"raised {type(e).__name__}: {e}\n{traceback.format_exc()}")
-            broken = f"section {name!r} stopped with an exception; ranks may be out of step"
-    return out
+    return harness.run_sections(comm, SECTIONS, {n: globals()[f"section_{n}"] for n in SECTIONS},
+                                tracebacks=True)
 
 
-_cache = {}
-
-
-def _results(world_size):
-    if world_size not in _cache:
-        try:
-            _cache[world_size] = harness.run_ranks(_all_sections, world_size, comm_timeout=20.0,
-                                                   hard_timeout=90)
-        except harness.HarnessError as e:
-            _cache[world_size] = e
-    res = _cache[world_size]
-    if isinstance(res, Exception):
-        raise res
-    return res
+_results = harness.cached_groups(_all_sections, comm_timeout=20.0, hard_timeout=90)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
