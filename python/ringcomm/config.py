@@ -1,63 +1,133 @@
 """Communicator settings: keyword arguments of init() first, then environment
-variables, then defaults.
+variables, then defaults. An empty variable counts as unset; a bad value is a
+ValueError naming the variable (a keyword of the wrong type a TypeError).
 
-RINGCOMM_TIMEOUT           seconds any blocking wait may take (default 300)
+RINGCOMM_TIMEOUT           seconds any blocking wait may take (default 300; > 0, at most 30 days)
 RINGCOMM_ALGO              auto | ring | oneshot (all_reduce) | pull (every collective
                            and send/recv by single-copy pulls, where the OS allows)
-RINGCOMM_PULL              0 disables single-copy pulls (default 1)
-RINGCOMM_PULL_MIN_BYTES    send/recv of at least this size pull (default 16 MiB)
-RINGCOMM_ONESHOT_MAX_BYTES auto: largest all_reduce done one-shot (default 65536)
-RINGCOMM_SLOT_BYTES        bytes per pipelined segment (default 131072)
-RINGCOMM_SLOTS             segments in flight per peer (default 16, at least 3)
-RINGCOMM_SPIN_US           microseconds a waiting rank spins before it yields
-RINGCOMM_YIELD_US          microseconds it yields before it sleeps
-RINGCOMM_HOST_ID           overrides the host identity (hostname + boot id)
+RINGCOMM_PULL              0 disables single-copy pulls (default 1; 0 or 1)
+RINGCOMM_PULL_MIN_BYTES    send/recv of at least this size pull (default 16 MiB; 0 to 2**63 - 1)
+RINGCOMM_ONESHOT_MAX_BYTES auto: largest all_reduce done one-shot (default 65536; 0 to 1 GiB)
+RINGCOMM_SLOT_BYTES        bytes per pipelined segment (default 131072; a multiple of 64, 64 to 1 GiB)
+RINGCOMM_SLOTS             segments in flight per peer (default 16; 3 to 4096)
+RINGCOMM_SPIN_US           microseconds a waiting rank spins before it yields (0 to 6e7)
+RINGCOMM_YIELD_US          microseconds it yields before it sleeps (0 to 6e7)
+RINGCOMM_HOST_ID           overrides the host identity (hostname + boot id; at most 255 characters)
 RINGCOMM_TRANSPORT         auto (shared memory on one host, TCP between hosts) | shm | tcp (every peer)
 RINGCOMM_SOCKET_IFNAME     interface(s) TCP listens on and advertises, e.g. eth0 (comma list; default:
                            the address that routes to MASTER_ADDR / the store's host)
 """
 import os
+import re
 
-from ringcomm import _C
-from ringcomm.work import seconds
+from ringcomm import _C, validate
 
 DEFAULT_TIMEOUT_S = 300.0
 ALGOS = ("auto", "ring", "oneshot", "pull")
 TRANSPORTS = ("auto", "shm", "tcp")
 
+# Ranges of the size settings. The one-shot all_reduce keeps a scratch buffer
+# of world_size * RINGCOMM_ONESHOT_MAX_BYTES, allocated at init: 1 GiB (the
+# largest slot too) is already far past where one-shot pays. A pull threshold
+# must fit the native size_t; the largest int64 means "never pull".
+MAX_SLOT_BYTES = 1 << 30
+MAX_ONESHOT_BYTES = 1 << 30
+MAX_PULL_MIN_BYTES = (1 << 63) - 1
+MIN_SLOTS, MAX_SLOTS = 3, 4096
+# Spin / yield phases become steady_clock nanoseconds (a duration_cast that
+# overflows past ~292 years); a minute is already far past any useful spin.
+MAX_WAIT_US = 60e6
+# RINGCOMM_HOST_ID is published to every peer (and compared there); interface
+# names are at most IFNAMSIZ - 1 = 15 bytes on Linux (longer ones were cut).
+MAX_HOST_ID = 255
+MAX_IFNAME_BYTES = 15
 
-def _env(name, convert, default):
+_INT = re.compile(r"[+-]?[0-9]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _raw(name):
     raw = os.environ.get(name)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
+        return None
+    return raw.strip()
+
+
+def _env_int(name, default, lo, hi):
+    raw = _raw(name)
+    if raw is None:
         return default
+    what = f"environment variable {name}"
+    if not _INT.fullmatch(raw):
+        raise ValueError(f"{what}={raw[:40]!r} is not an integer (expected {lo} to {hi})")
+    if len(raw.lstrip("+-")) > 30:
+        raise ValueError(f"{what} must be between {lo} and {hi}, got a {len(raw)}-digit number")
+    return validate.index(int(raw), what, lo, hi)
+
+
+def _env_float(name, default, lo, hi):
+    raw = _raw(name)
+    if raw is None:
+        return default
+    what = f"environment variable {name}"
     try:
-        return convert(raw)
+        value = float(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a valid {convert.__name__}") from None
+        raise ValueError(f"{what}={raw[:40]!r} is not a number") from None
+    return validate.real(value, what, lo, hi)
+
+
+def _env_choice(name, default, choices):
+    raw = _raw(name)
+    return default if raw is None else validate.choice(raw, f"environment variable {name}", choices)
+
+
+def _env_timeout():
+    raw = _raw("RINGCOMM_TIMEOUT")
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable RINGCOMM_TIMEOUT={raw[:40]!r} is not a number of seconds") from None
+    return validate.timeout_seconds(value, "environment variable RINGCOMM_TIMEOUT")
+
+
+def _check_host_settings():
+    """RINGCOMM_HOST_ID and RINGCOMM_SOCKET_IFNAME are read by bootstrap;
+    refuse bad values here, before any peer sees them."""
+    host = os.environ.get("RINGCOMM_HOST_ID")
+    if host and (len(host) > MAX_HOST_ID or _CONTROL.search(host)):
+        raise ValueError(f"environment variable RINGCOMM_HOST_ID must be at most {MAX_HOST_ID} characters "
+                         f"without control characters, got {validate.show(host)}")
+    names = os.environ.get("RINGCOMM_SOCKET_IFNAME", "").strip()
+    if names:
+        for name in (n.strip() for n in names.split(",")):
+            if (not name or len(name.encode("utf-8", "replace")) > MAX_IFNAME_BYTES or name in (".", "..")
+                    or "/" in name or re.search(r"\s", name) or _CONTROL.search(name)):
+                raise ValueError(
+                    f"environment variable RINGCOMM_SOCKET_IFNAME={validate.show(names)}: "
+                    f"{validate.show(name)} is not an interface name (1 to {MAX_IFNAME_BYTES} bytes, "
+                    "no '/' or whitespace; a comma list of names)")
 
 
 def make_config(timeout=None, algo=None, transport=None):
-    """The native Config for a new communicator."""
+    """The native Config for a new communicator (ValueError / TypeError
+    naming the keyword or the environment variable for a bad setting)."""
     cfg = _C.Config()
-    cfg.transport = transport if transport is not None else _env("RINGCOMM_TRANSPORT", str, "auto")
-    if cfg.transport not in TRANSPORTS:
-        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {cfg.transport!r}")
-    t = seconds(timeout)
-    cfg.timeout_s = t if t is not None else _env("RINGCOMM_TIMEOUT", float, DEFAULT_TIMEOUT_S)
-    if cfg.timeout_s <= 0:
-        raise ValueError(f"timeout must be positive, got {cfg.timeout_s}")
-    cfg.algo = algo if algo is not None else _env("RINGCOMM_ALGO", str, "auto")
-    if cfg.algo not in ALGOS:
-        raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {cfg.algo!r}")
-    cfg.oneshot_max_bytes = _env("RINGCOMM_ONESHOT_MAX_BYTES", int, cfg.oneshot_max_bytes)
-    cfg.pull = _env("RINGCOMM_PULL", int, 1) != 0
-    cfg.pull_min_bytes = _env("RINGCOMM_PULL_MIN_BYTES", int, cfg.pull_min_bytes)
-    cfg.slot_bytes = _env("RINGCOMM_SLOT_BYTES", int, cfg.slot_bytes)
-    if cfg.slot_bytes < 64 or cfg.slot_bytes % 64 or cfg.slot_bytes > (1 << 30):
-        raise ValueError(f"RINGCOMM_SLOT_BYTES must be a multiple of 64 between 64 and 1 GiB, got {cfg.slot_bytes}")
-    cfg.nslots = _env("RINGCOMM_SLOTS", int, cfg.nslots)
-    if not 3 <= cfg.nslots <= 4096:
-        raise ValueError(f"RINGCOMM_SLOTS must be between 3 and 4096, got {cfg.nslots}")
-    cfg.spin_us = _env("RINGCOMM_SPIN_US", float, cfg.spin_us)
-    cfg.yield_us = _env("RINGCOMM_YIELD_US", float, cfg.yield_us)
+    cfg.transport = (_env_choice("RINGCOMM_TRANSPORT", "auto", TRANSPORTS) if transport is None
+                     else validate.choice(transport, "transport", TRANSPORTS))
+    cfg.timeout_s = _env_timeout() if timeout is None else validate.timeout_seconds(timeout, "timeout")
+    cfg.algo = _env_choice("RINGCOMM_ALGO", "auto", ALGOS) if algo is None else validate.choice(algo, "algo", ALGOS)
+    cfg.oneshot_max_bytes = _env_int("RINGCOMM_ONESHOT_MAX_BYTES", cfg.oneshot_max_bytes, 0, MAX_ONESHOT_BYTES)
+    cfg.pull = _env_int("RINGCOMM_PULL", 1, 0, 1) == 1
+    cfg.pull_min_bytes = _env_int("RINGCOMM_PULL_MIN_BYTES", cfg.pull_min_bytes, 0, MAX_PULL_MIN_BYTES)
+    cfg.slot_bytes = _env_int("RINGCOMM_SLOT_BYTES", cfg.slot_bytes, 64, MAX_SLOT_BYTES)
+    if cfg.slot_bytes % 64:
+        raise ValueError(f"environment variable RINGCOMM_SLOT_BYTES must be a multiple of 64 between 64 and "
+                         f"1 GiB, got {cfg.slot_bytes}")
+    cfg.nslots = _env_int("RINGCOMM_SLOTS", cfg.nslots, MIN_SLOTS, MAX_SLOTS)
+    cfg.spin_us = _env_float("RINGCOMM_SPIN_US", cfg.spin_us, 0.0, MAX_WAIT_US)
+    cfg.yield_us = _env_float("RINGCOMM_YIELD_US", cfg.yield_us, 0.0, MAX_WAIT_US)
+    _check_host_settings()
     return cfg
