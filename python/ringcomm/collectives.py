@@ -3,7 +3,7 @@ using the communicator from init() unless `comm=` is given (torch.distributed
 style)."""
 import atexit
 
-from ringcomm import bootstrap
+from ringcomm import bootstrap, validate
 from ringcomm.communicator import Communicator
 from ringcomm.config import make_config
 from ringcomm.errors import RingcommError
@@ -11,6 +11,8 @@ from ringcomm.reduce_op import ReduceOp
 
 _default = None
 _generation = 0
+# The native core counts ranks in a C int.
+MAX_WORLD_SIZE = (1 << 31) - 1
 
 
 def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, transport=None):
@@ -20,19 +22,26 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, tra
     WORLD_SIZE, the store from MASTER_ADDR / MASTER_PORT (a TCPStore, exactly
     as torchrun sets them up), timeout (seconds or timedelta) from
     RINGCOMM_TIMEOUT (default 300 s). `store` may be any torch.distributed
-    Store. `algo` forces the all_reduce algorithm (auto, ring, oneshot).
+    Store (or any object with set, get, wait and check). `algo` forces the
+    all_reduce algorithm (auto, ring, oneshot).
     `transport` (or RINGCOMM_TRANSPORT): "auto" uses shared memory between
     ranks of one host and TCP between hosts; "tcp" uses TCP for every peer;
-    "shm" refuses ranks on other hosts.
+    "shm" refuses ranks on other hosts. Bad arguments (and environment
+    settings) raise TypeError / ValueError naming them before anything is
+    sent.
     """
     global _default, _generation
-    config = make_config(timeout, algo, transport)
-    rank = bootstrap.env_int("RANK") if rank is None else int(rank)
-    world_size = bootstrap.env_int("WORLD_SIZE") if world_size is None else int(world_size)
+    rank = bootstrap.env_int("RANK") if rank is None else validate.index(rank, "rank")
+    world_size = bootstrap.env_int("WORLD_SIZE") if world_size is None else validate.index(world_size, "world_size")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if world_size > MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be at most {MAX_WORLD_SIZE}, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
+    if store is not None:
+        validate.store(store)
+    config = make_config(timeout, algo, transport)
     if store is None:
         store = bootstrap.store_from_env(rank, world_size, config.timeout_s)
     _generation += 1

@@ -1,16 +1,16 @@
 """Work: the handle of an asynchronous operation."""
-from datetime import timedelta
-
+from ringcomm import validate
 from ringcomm.errors import RingcommError, TimeoutError
 
 
-def seconds(timeout):
-    """Seconds from a number or a timedelta (None stays None)."""
+def seconds(timeout, name="timeout"):
+    """Seconds a wait may take, from a number or a timedelta (None stays
+    None: no limit). As validate.timeout_seconds, except that 0 is allowed
+    (a wait that only polls): TypeError for a str or a bool, ValueError for
+    nan, inf, a negative value or more than 30 days."""
     if timeout is None:
         return None
-    if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
+    return validate.timeout_seconds(timeout, name, allow_zero=True)
 
 
 class Work:
@@ -29,8 +29,9 @@ class Work:
     def wait(self, timeout=None):
         """Blocks until the operation completed; raises its error if it failed.
 
-        `timeout` (seconds or timedelta) bounds this wait only: on expiry a
-        ringcomm.TimeoutError is raised and the operation keeps running.
+        `timeout` (seconds or timedelta, 0 to poll, None for no limit) bounds
+        this wait only: on expiry a ringcomm.TimeoutError is raised and the
+        operation keeps running.
         Returns True.
         """
         t = seconds(timeout)
