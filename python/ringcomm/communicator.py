@@ -7,7 +7,7 @@ worker thread.
 """
 import os
 
-from ringcomm import _C, bootstrap
+from ringcomm import _C, bootstrap, validate
 from ringcomm._C import DeviceBufferError as _DeviceBuffer
 from ringcomm.errors import RingcommError
 from ringcomm.reduce_op import ReduceOp, op_value
@@ -19,6 +19,7 @@ from ringcomm.work import Work
 class Communicator:
     def __init__(self, store, prefix, rank, world_size, config, ranks=None):
         """Joins the communicator named `prefix` in `store` (all ranks call it)."""
+        self._rank, self._world_size = rank, world_size  # still known once closed
         self._store = store
         self._prefix = prefix
         self._config = config
@@ -107,11 +108,11 @@ class Communicator:
     # -- facts ----------------------------------------------------------------
     @property
     def rank(self):
-        return self._native.rank
+        return self._rank
 
     @property
     def world_size(self):
-        return self._native.world_size
+        return self._world_size
 
     @property
     def pull_enabled(self):
@@ -196,7 +197,7 @@ class Communicator:
         """tensor <- src's tensor, on every rank."""
         if stream is None and algo is None:
             try:
-                w = self._c().broadcast(tensor, int(src), async_op)
+                w = self._c().broadcast(tensor, validate.index(src, "src", 0, self._world_size - 1), async_op)
                 return w if w is None else self._track(w, tensor)
             except _DeviceBuffer:
                 pass
@@ -206,7 +207,7 @@ class Communicator:
         """dst's tensor <- the reduction of every rank's tensor (others unchanged)."""
         if stream is None and algo is None:
             try:
-                w = self._c().reduce(tensor, int(dst), op_value(op), async_op)
+                w = self._c().reduce(tensor, validate.index(dst, "dst", 0, self._world_size - 1), op_value(op), async_op)
                 return w if w is None else self._track(w, tensor)
             except _DeviceBuffer:
                 pass
@@ -216,7 +217,7 @@ class Communicator:
         """output <- block `rank` of src's input (input is only read on src)."""
         if stream is None and algo is None:
             try:
-                w = self._c().scatter(output, input, int(src), async_op)
+                w = self._c().scatter(output, input, validate.index(src, "src", 0, self._world_size - 1), async_op)
                 return w if w is None else self._track(w, output, input)
             except _DeviceBuffer:
                 pass
@@ -226,7 +227,7 @@ class Communicator:
         """dst's output <- every rank's input in rank order (output only used on dst)."""
         if stream is None and algo is None:
             try:
-                w = self._c().gather(output, input, int(dst), async_op)
+                w = self._c().gather(output, input, validate.index(dst, "dst", 0, self._world_size - 1), async_op)
                 return w if w is None else self._track(w, output, input)
             except _DeviceBuffer:
                 pass
@@ -246,7 +247,7 @@ class Communicator:
         """Sends tensor to rank dst (async_op=True: isend)."""
         if stream is None:
             try:
-                w = self._c().send(tensor, int(dst), async_op)
+                w = self._c().send(tensor, validate.index(dst, "dst", 0, self._world_size - 1), async_op)
                 return w if w is None else self._track(w, tensor)
             except _DeviceBuffer:
                 pass
@@ -256,7 +257,7 @@ class Communicator:
         """Receives into tensor from rank src (async_op=True: irecv)."""
         if stream is None:
             try:
-                w = self._c().recv(tensor, int(src), async_op)
+                w = self._c().recv(tensor, validate.index(src, "src", 0, self._world_size - 1), async_op)
                 return w if w is None else self._track(w, tensor)
             except _DeviceBuffer:
                 pass
@@ -278,7 +279,8 @@ class Communicator:
         other GPU calls)."""
         if stream is None:
             try:
-                self._c().sendrecv(send_tensor, int(dst), recv_tensor, int(src))
+                self._c().sendrecv(send_tensor, validate.index(dst, "dst", 0, self._world_size - 1), recv_tensor,
+                                   validate.index(src, "src", 0, self._world_size - 1))
                 return
             except _DeviceBuffer:
                 pass
@@ -301,7 +303,8 @@ class Communicator:
 
         New rank i is old rank ranks[i]. Returns None on ranks not in the list.
         """
-        ranks = [int(r) for r in ranks]
+        self._c()
+        ranks = validate.indices(ranks, "ranks")
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"split: ranks {ranks} contain duplicates")
         bad = [r for r in ranks if not 0 <= r < self.world_size]
@@ -309,7 +312,6 @@ class Communicator:
             raise ValueError(f"split: ranks {bad} are out of range for world size {self.world_size}")
         if not ranks:
             raise ValueError("split: ranks is empty")
-        self._c()
         self._splits += 1
         prefix = f"{self._prefix}/split{self._splits}"
         if self.rank not in ranks:
