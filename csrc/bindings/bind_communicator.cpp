@@ -8,6 +8,7 @@
 #include "bindings/buffers.h"
 #include "bindings/calls.h"
 #include "comm/communicator.h"
+#include "transport/shm/segment.h"
 
 namespace py = pybind11;
 
@@ -24,6 +25,7 @@ void bind_communicator(py::module_& m) {
       .def_readwrite("transport", &Config::transport)
       .def_readwrite("pull", &Config::pull)
       .def_readwrite("pull_min_bytes", &Config::pull_min_bytes)
+      .def_readwrite("check_agreement", &Config::check_agreement)
       .def_property(
           "spin_us", [](const Config& c) { return std::chrono::duration<double, std::micro>(c.wait.spin).count(); },
           [](Config& c, double us) {
@@ -35,11 +37,18 @@ void bind_communicator(py::module_& m) {
             c.wait.yield = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(us));
           });
 
+  m.def("valid_segment_name", &Segment::valid_name, py::arg("name"));
+  m.def("unlink_segment_name", &Segment::unlink_name, py::arg("name"),
+        "Removes an orphaned shared segment name (only names of ringcomm's form).");
+  m.def("sweep_segments", &Segment::sweep_orphans,
+        "Removes this user's ringcomm segments whose owner process is gone; returns how many.");
+
   py::class_<Work, std::shared_ptr<Work>>(m, "Work", py::dynamic_attr())
-      .def("wait", &Work::wait, py::arg("timeout_s") = -1.0, py::call_guard<py::gil_scoped_release>())
+      .def("wait", &Work::wait, py::arg("timeout_s") = -1.0, py::call_guard<ReleaseGil>())
       .def("is_completed", &Work::is_completed)
       .def("error_message", &Work::error_message)
       .def("is_timeout", [](Work& w) { return w.error_kind() == Work::ErrorKind::kTimeout; })
+      .def("is_mismatch", [](Work& w) { return w.error_kind() == Work::ErrorKind::kMismatch; })
       .def_property_readonly("what", &Work::what);
 
   using C = Communicator;
@@ -48,14 +57,17 @@ void bind_communicator(py::module_& m) {
       .def_property_readonly("rank", &C::rank)
       .def_property_readonly("world_size", &C::world)
       .def_property_readonly("closed", &C::closed)
+      .def("create_segment", &C::create_segment, py::arg("members"))
       .def("segment_name", &C::segment_name)
       .def("connect", &C::connect, py::call_guard<py::gil_scoped_release>())
       .def("unlink_segment", &C::unlink_segment)
+      .def("finish_init", &C::finish_init)
+      .def("in_flight", &C::in_flight)
       .def("listen_tcp", &C::listen_tcp, py::arg("host"))
       .def("connect_tcp",
            [](C& c, const std::vector<std::string>& hosts, const std::vector<int>& ports, py::bytes secret) {
              std::string s = secret;
-             py::gil_scoped_release r;
+             ReleaseGil r;
              c.connect_tcp(hosts, ports, s);
            },
            py::arg("hosts"), py::arg("ports"), py::arg("secret"))
@@ -76,7 +88,7 @@ void bind_communicator(py::module_& m) {
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.reduce_scatter(o, i, to_op(op), async);
         }
         return finish(std::move(w), py::make_tuple(out, in));
@@ -85,7 +97,7 @@ void bind_communicator(py::module_& m) {
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.all_gather(o, i, async);
         }
         return finish(std::move(w), py::make_tuple(out, in));
@@ -94,7 +106,7 @@ void bind_communicator(py::module_& m) {
         Buffer b = buffer_from_python(x, "tensor", true);
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.broadcast(b, src, async);
         }
         return finish(std::move(w), py::make_tuple(x));
@@ -103,7 +115,7 @@ void bind_communicator(py::module_& m) {
         Buffer b = buffer_from_python(x, "tensor", true);
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.reduce(b, dst, to_op(op), async);
         }
         return finish(std::move(w), py::make_tuple(x));
@@ -113,7 +125,7 @@ void bind_communicator(py::module_& m) {
         Buffer i = c.rank() == src ? buffer_from_python(in, "input", false, true) : Buffer{};
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.scatter(o, i, src, async);
         }
         return finish(std::move(w), py::make_tuple(out, in));
@@ -123,7 +135,7 @@ void bind_communicator(py::module_& m) {
         Buffer i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.gather(o, i, dst, async);
         }
         return finish(std::move(w), py::make_tuple(out, in));
@@ -132,7 +144,7 @@ void bind_communicator(py::module_& m) {
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.all_to_all(o, i, async);
         }
         return finish(std::move(w), py::make_tuple(out, in));
@@ -141,7 +153,7 @@ void bind_communicator(py::module_& m) {
         Buffer b = buffer_from_python(x, "tensor", false);
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.send(b, dst, async);
         }
         return finish(std::move(w), py::make_tuple(x));
@@ -150,7 +162,7 @@ void bind_communicator(py::module_& m) {
         Buffer b = buffer_from_python(x, "tensor", true);
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.recv(b, src, async);
         }
         return finish(std::move(w), py::make_tuple(x));
@@ -158,13 +170,13 @@ void bind_communicator(py::module_& m) {
       .def("sendrecv", [](C& c, py::handle send, int dst, py::handle recv, int src) {
         Buffer s = buffer_from_python(send, "send_tensor", false);
         Buffer r = buffer_from_python(recv, "recv_tensor", true);
-        py::gil_scoped_release rel;
+        ReleaseGil rel;
         c.sendrecv(s, dst, r, src);
       })
       .def("barrier", [](C& c, bool async) {
         std::shared_ptr<Work> w;
         {
-          py::gil_scoped_release r;
+          ReleaseGil r;
           w = c.barrier(async);
         }
         return finish(std::move(w), py::make_tuple());

@@ -14,6 +14,7 @@ namespace {
 
 PyObject* base_error = nullptr;
 PyObject* timeout_error = nullptr;
+PyObject* mismatch_error = nullptr;
 PyObject* device_buffer_error = nullptr;
 
 }  // namespace
@@ -22,15 +23,22 @@ void bind_errors(py::module_& m) {
   // pybind11 tries translators newest first: register the base class first.
   static py::exception<Error> base(m, "RingcommError", PyExc_RuntimeError);
   static py::exception<TimeoutError> timeout(m, "TimeoutError", base.ptr());
+  static py::exception<MismatchError> mismatch(m, "CollectiveMismatchError", base.ptr());
   static py::exception<DeviceBufferError> device(m, "DeviceBufferError", PyExc_ValueError);
   base_error = base.ptr();
   timeout_error = timeout.ptr();
+  mismatch_error = mismatch.ptr();
   device_buffer_error = device.ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const TimeoutError& e) {
       py::set_error(timeout, e.what());
+    } catch (const MismatchError& e) {
+      py::set_error(mismatch, e.what());
+    } catch (const Interrupted& e) {
+      // The KeyboardInterrupt raised by the signal handler is pending: keep it.
+      if (!PyErr_Occurred()) py::set_error(base, e.what());
     } catch (const Error& e) {
       py::set_error(base, e.what());
     } catch (const DeviceBufferError& e) {
@@ -50,6 +58,10 @@ PyObject* raise_current_exception() {
     e.restore();
   } catch (const TimeoutError& e) {
     PyErr_SetString(timeout_error, e.what());
+  } catch (const MismatchError& e) {
+    PyErr_SetString(mismatch_error, e.what());
+  } catch (const Interrupted& e) {
+    if (!PyErr_Occurred()) PyErr_SetString(base_error, e.what());
   } catch (const Error& e) {
     PyErr_SetString(base_error, e.what());
   } catch (const DeviceBufferError& e) {

@@ -34,7 +34,7 @@ PyObject* all_reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     if (async < 0) throw py::error_already_set();
     std::shared_ptr<Work> w;
     {
-      py::gil_scoped_release r;
+      ReleaseGil r;
       w = c.all_reduce(b, to_op(op), async != 0);
     }
     if (!w) Py_RETURN_NONE;

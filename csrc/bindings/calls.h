@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/executor.h"
 #include "comm/work.h"
 #include "ringcomm/types.h"
 
@@ -20,6 +21,28 @@ inline pybind11::object finish(std::shared_ptr<Work> work, pybind11::tuple keep)
   w.attr("_buffers") = std::move(keep);
   return w;
 }
+
+// Whether a signal handler raised (Ctrl-C -> KeyboardInterrupt) in this
+// thread: takes the GIL for a moment. The exception stays pending and is what
+// the bindings raise once the native call unwinds (as Interrupted).
+inline bool python_interrupted() {
+  pybind11::gil_scoped_acquire gil;
+  return PyErr_CheckSignals() != 0;
+}
+
+// Releases the GIL for a blocking native call made from Python, and lets the
+// call's waits look at Ctrl-C (executor.h: interrupt_check).
+class ReleaseGil {
+ public:
+  ReleaseGil() : prev_(interrupt_check()) { set_interrupt_check(&python_interrupted); }
+  ~ReleaseGil() { set_interrupt_check(prev_); }
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+ private:
+  InterruptCheck prev_;
+  pybind11::gil_scoped_release release_;
+};
 
 inline ReduceOp to_op(long op) {
   if (op < 0 || op >= kNumReduceOps) throw ValueError("op " + std::to_string(op) + " is not a ReduceOp");

@@ -27,6 +27,17 @@ void require_same_dtype(const Buffer& out, const Buffer& in, const char* op) {
   }
 }
 
+}  // namespace
+
+Work::ErrorKind error_kind_of(const std::exception& e) {
+  if (dynamic_cast<const TimeoutError*>(&e)) return Work::ErrorKind::kTimeout;
+  if (dynamic_cast<const MismatchError*>(&e)) return Work::ErrorKind::kMismatch;
+  if (dynamic_cast<const Interrupted*>(&e)) return Work::ErrorKind::kInterrupted;
+  return Work::ErrorKind::kError;
+}
+
+namespace {
+
 bool overlaps(const Buffer& x, const Buffer& y) {
   if (x.nbytes() == 0 || y.nbytes() == 0) return false;
   return x.ptr < y.ptr + y.nbytes() && y.ptr < x.ptr + x.nbytes();
@@ -41,7 +52,6 @@ Communicator::Communicator(int rank, int world, Config config)
       shm_(std::make_unique<ShmTransport>(rank, world, config_.slot_bytes, config_.nslots)),
       router_(rank, world, shm_.get()),
       executor_(&router_, rank, world, config_.wait),
-      scratch_(static_cast<size_t>(world) * config_.oneshot_max_bytes),
       small_in_(world),
       addrs_(world),
       send_seq_(world),
@@ -62,7 +72,25 @@ Communicator::~Communicator() {
   }
 }
 
+std::string Communicator::create_segment(const std::vector<int>& members) {
+  if (std::find(members.begin(), members.end(), rank_) == members.end()) {
+    throw Error("ringcomm: create_segment: this rank is not among the members");
+  }
+  return shm_->create_inbox(members);
+}
+
 void Communicator::connect(const std::vector<std::string>& names) { shm_->connect(names); }
+
+void Communicator::finish_init() {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    const bool by_tcp = tcp_ && tcp_->reaches(p);
+    if (!by_tcp && !shm_->reaches(p)) {
+      throw Error("ringcomm: rank " + std::to_string(rank_) + " has no way to reach rank " + std::to_string(p) +
+                  " (no shared segment and no TCP connection): the ranks' records in the store disagree");
+    }
+  }
+}
 
 int Communicator::listen_tcp(const std::string& host) {
   if (!tcp_) tcp_ = std::make_unique<TcpTransport>(rank_, world_, config_.slot_bytes, config_.nslots, shm_.get());
@@ -94,7 +122,7 @@ std::string Communicator::error() {
 }
 
 void Communicator::check_usable() {
-  if (closed_) throw Error("ringcomm: the communicator is closed");
+  if (closed_ || closing_) throw Error("ringcomm: the communicator is closed");
   if (!error_.empty()) {
     throw Error("ringcomm: the communicator is unusable after an earlier error (" + error_ +
                 "); create a new one");
@@ -129,6 +157,7 @@ Communicator::Call Communicator::collective(OpKind kind, DataType dtype, size_t 
 }
 
 std::shared_ptr<Work> Communicator::all_reduce(Buffer x, ReduceOp op, bool async) {
+  Inside inside(inside_);
   require_present(x, "tensor", "all_reduce");
   Reducer reducer = make_reducer(x.dtype, op);  // ValueError for an op the dtype lacks
   if (!async && small_all_reduce(x, op, reducer)) return nullptr;
@@ -141,6 +170,7 @@ std::shared_ptr<Work> Communicator::all_reduce(Buffer x, ReduceOp op, bool async
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(Buffer out, Buffer in, ReduceOp op, bool async) {
+  Inside inside(inside_);
   const char* name = "reduce_scatter";
   require_present(out, "output", name);
   require_present(in, "input", name);
@@ -165,6 +195,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter(Buffer out, Buffer in, Reduce
 }
 
 std::shared_ptr<Work> Communicator::all_gather(Buffer out, Buffer in, bool async) {
+  Inside inside(inside_);
   const char* name = "all_gather";
   require_present(out, "output", name);
   require_present(in, "input", name);
@@ -186,6 +217,7 @@ std::shared_ptr<Work> Communicator::all_gather(Buffer out, Buffer in, bool async
 }
 
 std::shared_ptr<Work> Communicator::broadcast(Buffer x, int src, bool async) {
+  Inside inside(inside_);
   require_present(x, "tensor", "broadcast");
   check_root(src, "src");
   Call c = collective(OpKind::kBroadcast, x.dtype, x.count, "broadcast");
@@ -196,6 +228,7 @@ std::shared_ptr<Work> Communicator::broadcast(Buffer x, int src, bool async) {
 }
 
 std::shared_ptr<Work> Communicator::reduce(Buffer x, int dst, ReduceOp op, bool async) {
+  Inside inside(inside_);
   require_present(x, "tensor", "reduce");
   check_root(dst, "dst");
   Reducer reducer = make_reducer(x.dtype, op);
@@ -210,6 +243,7 @@ std::shared_ptr<Work> Communicator::reduce(Buffer x, int dst, ReduceOp op, bool 
 }
 
 std::shared_ptr<Work> Communicator::scatter(Buffer out, Buffer in, int src, bool async) {
+  Inside inside(inside_);
   const char* name = "scatter";
   require_present(out, "output", name);
   check_root(src, "src");
@@ -234,6 +268,7 @@ std::shared_ptr<Work> Communicator::scatter(Buffer out, Buffer in, int src, bool
 }
 
 std::shared_ptr<Work> Communicator::gather(Buffer out, Buffer in, int dst, bool async) {
+  Inside inside(inside_);
   const char* name = "gather";
   require_present(in, "input", name);
   check_root(dst, "dst");
@@ -258,6 +293,7 @@ std::shared_ptr<Work> Communicator::gather(Buffer out, Buffer in, int dst, bool 
 }
 
 std::shared_ptr<Work> Communicator::all_to_all(Buffer out, Buffer in, bool async) {
+  Inside inside(inside_);
   const char* name = "all_to_all";
   require_present(out, "output", name);
   require_present(in, "input", name);
@@ -278,6 +314,7 @@ std::shared_ptr<Work> Communicator::all_to_all(Buffer out, Buffer in, bool async
 }
 
 std::shared_ptr<Work> Communicator::send(Buffer x, int dst, bool async) {
+  Inside inside(inside_);
   require_present(x, "tensor", "send");
   check_peer(dst, "dst");
   Call c = collective(OpKind::kSend, x.dtype, x.count, "send");
@@ -288,6 +325,7 @@ std::shared_ptr<Work> Communicator::send(Buffer x, int dst, bool async) {
 }
 
 std::shared_ptr<Work> Communicator::recv(Buffer x, int src, bool async) {
+  Inside inside(inside_);
   require_present(x, "tensor", "recv");
   check_peer(src, "src");
   Call c = collective(OpKind::kSend, x.dtype, x.count, "recv");
@@ -297,6 +335,7 @@ std::shared_ptr<Work> Communicator::recv(Buffer x, int src, bool async) {
 }
 
 std::shared_ptr<Work> Communicator::barrier(bool async) {
+  Inside inside(inside_);
   Call c = collective(OpKind::kBarrier, DataType::kUInt8, 0, "barrier");
   return submit(std::move(c), async);
 }
@@ -304,6 +343,8 @@ std::shared_ptr<Work> Communicator::barrier(bool async) {
 // Sequence numbers follow issue order: collectives count on the
 // communicator, point-to-point messages on their pair of ranks. Holds mu_.
 void Communicator::assign_seq(Call& call) {
+  check_thread(call.name.c_str());
+  call.issuer = issuer_;
   if (call.kind == OpKind::kSend) {
     call.tag.seq = ++(call.is_send ? send_seq_ : recv_seq_)[call.root];
     call.name += std::string(call.is_send ? " to rank " : " from rank ") + std::to_string(call.root);
@@ -311,6 +352,58 @@ void Communicator::assign_seq(Call& call) {
     call.tag.seq = ++seq_;
   }
   if (call.reduces) call.tag.redop = static_cast<uint8_t>(call.redop);
+  record(call, CallState::kIssued);
+}
+
+// Calls on one communicator must come from one thread at a time: the ranks
+// pair calls by their order, and two threads' calls interleave differently
+// on each rank, which pairs different calls silently (same shapes) or hangs.
+// A call issued while a call of another thread is still in flight therefore
+// aborts the communicator, so that every rank raises rather than some ranks
+// computing with cross-matched data. Threads may take turns. Holds mu_.
+void Communicator::check_thread(const char* name) {
+  const std::thread::id me = std::this_thread::get_id();
+  const bool busy = running_ || !queue_.empty();
+  if (busy && issuer_ != me && issuer_ != std::thread::id()) {
+    const std::string other = running_ ? running_name_ : queue_.front().first.name;
+    const std::string msg = "ringcomm: " + std::string(name) + " was called on rank " + std::to_string(rank_) +
+                            " from a second thread while " + other +
+                            ", issued by another thread, was still in flight: calls on one communicator must come "
+                            "from one thread at a time (all ranks pair calls by issue order); the communicator is "
+                            "aborted (use one communicator per thread: comm.split)";
+    if (error_.empty()) error_ = msg;
+    {
+      std::lock_guard<std::mutex> life(life_mu_);
+      if (!released_) router_.announce_abort("rank " + std::to_string(rank_) + ": " + msg);
+    }
+    throw Error(msg);
+  }
+  issuer_ = me;
+}
+
+void Communicator::record(const Call& c, CallState state) {
+  CallRecordView r;
+  r.kind = static_cast<uint8_t>(c.kind);
+  r.state = static_cast<uint8_t>(state);
+  r.p2p = c.kind == OpKind::kSend ? (c.is_send ? 1 : 2) : 0;
+  r.peer = c.kind == OpKind::kSend ? c.root : -1;
+  r.seq = c.tag.seq;
+  router_.record_call(r);
+}
+
+CallInfo Communicator::info_of(const Call& c) const {
+  CallInfo info{c.name, c.tag.seq, rank_, config_.timeout_s};
+  info.kind = static_cast<int>(c.kind);
+  info.p2p_peer = c.kind == OpKind::kSend ? c.root : -1;
+  return info;
+}
+
+std::vector<std::string> Communicator::in_flight() {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::string> out;
+  if (running_) out.push_back(running_name_);
+  for (const Item& it : queue_) out.push_back(it.first.name + " (seq " + std::to_string(it.first.tag.seq) + ")");
+  return out;
 }
 
 // Queues a call for the worker (or a thread that helps). Holds mu_ via lk,
@@ -318,8 +411,9 @@ void Communicator::assign_seq(Call& call) {
 // wait on the call itself leaves it asleep (its wait runs the call, and a
 // busy worker takes queued calls without being woken).
 std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify) {
-  auto work = std::make_shared<Work>(call.name);
+  auto work = std::make_shared<Work>(call.name, waiters_);
   work->set_helper([this, w = work.get()] { help(w); });
+  work->set_on_interrupt([this](const std::string& why) { abort(why); });
   queue_.emplace_back(std::move(call), work);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   if (notify) cv_.notify_all();
@@ -337,6 +431,7 @@ void Communicator::release_inline() {
 }
 
 void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) {
+  Inside inside(inside_);
   require_present(send_buf, "send_tensor", "sendrecv");
   require_present(recv_buf, "recv_tensor", "sendrecv");
   check_peer(dst, "dst");
@@ -369,6 +464,7 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
   if (!async && queue_.empty() && !running_) {
     // The latency path: run in this thread, no allocation, no hand-off.
     running_ = true;
+    running_name_ = call.name;
     lk.unlock();
     Work work(call.name);
     execute(call, work);
@@ -387,6 +483,7 @@ void Communicator::run_front(std::unique_lock<std::mutex>& lk) {
   auto item = std::move(queue_.front());
   queue_.pop_front();
   running_ = true;
+  running_name_ = item.first.name + " (seq " + std::to_string(item.first.tag.seq) + ")";
   lk.unlock();
   if (item.first.kind == OpKind::kSend) {
     execute_p2p(std::move(item));
@@ -416,7 +513,9 @@ void Communicator::worker_loop() {
 // microseconds on a VM), more than a small call takes. Order is kept: calls
 // still run one at a time, oldest first.
 void Communicator::help(const Work* work) {
+  Inside inside(inside_);
   std::unique_lock<std::mutex> lk(mu_);
+  if (closing_) return;  // the worker drains (or fails) what is queued
   while (!work->is_completed() && !running_ && !queue_.empty()) run_front(lk);
 }
 
@@ -429,11 +528,14 @@ void Communicator::plan(Call& c) {
   PlanContext ctx{rank_, world_, elem, slice, &c.tag, &schedule_, addrs_.data()};
   const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
   schedule_.clear();
+  const bool rooted = c.kind == OpKind::kBroadcast || c.kind == OpKind::kReduce || c.kind == OpKind::kScatter ||
+                      c.kind == OpKind::kGather;
   // Collectives use the FIFO schedules unless pull is forced: measured here,
   // their cache-resident slots beat the kernel's cross-process copy (README,
   // Performance). Decided from what every rank knows alike.
   const bool pull = pull_ok_ && config_.algo == "pull";
   c.tag.algo = pull ? kFamilyPull : kFamilyFifo;
+  if (rooted && config_.check_agreement) push_agreement(ctx);
   switch (c.kind) {
     case OpKind::kAllReduce: {
       const size_t bytes = c.a.nbytes();
@@ -511,6 +613,18 @@ void Communicator::plan(Call& c) {
   }
 }
 
+// Rooted schedules do not make every rank hear from every other (a chain
+// broadcast's root hears from nobody), so ranks that disagree on the root
+// could all return "successfully" with different data. Every rank first
+// sends the call's header to every peer and receives theirs; the data steps
+// on a FIFO queue behind its header, so a rank never returns before it
+// checked every peer's header, and a disagreement raises on every rank. The
+// cost is one header per peer each way (see README, Errors).
+void Communicator::push_agreement(const PlanContext& ctx) {
+  if (world_ == 1) return;
+  all_pairs_barrier(ctx);
+}
+
 // One send or recv; the pull form (single copy) for large messages, where it
 // was measured ~10% faster (both ends decide alike: they must agree on count
 // and dtype anyway).
@@ -541,22 +655,22 @@ void Communicator::execute(Call& c, Work& work) {
   }
   Work::ErrorKind kind = Work::ErrorKind::kNone;
   std::string message;
+  record(c, CallState::kRunning);
   try {
     const Reducer* rp = c.reduces ? &c.reducer : nullptr;
     plan(c);
-    CallInfo info{c.name, c.tag.seq, rank_, config_.timeout_s};
+    const CallInfo info = info_of(c);
     const Clock::time_point deadline = deadline_from_now();
     executor_.set_streaming(c.a.nbytes() >= kStreamingCopyMinBytes);  // c.a: the output
     executor_.run(schedule_, rp, deadline, info);
+    record(c, CallState::kFinished);
     work.complete();
     return;
-  } catch (const TimeoutError& e) {
-    kind = Work::ErrorKind::kTimeout;
-    message = e.what();
   } catch (const std::exception& e) {
-    kind = Work::ErrorKind::kError;
+    kind = error_kind_of(e);
     message = e.what();
   }
+  record(c, CallState::kFailed);
   fail(message);
   work.fail(kind, message);
 }
@@ -572,7 +686,8 @@ void Communicator::fail(const std::string& message) {
     std::lock_guard<std::mutex> lk(mu_);
     if (error_.empty()) error_ = message;
   }
-  router_.announce_abort("rank " + std::to_string(rank_) + ": " + message);
+  std::lock_guard<std::mutex> life(life_mu_);
+  if (!released_) router_.announce_abort("rank " + std::to_string(rank_) + ": " + message);
 }
 
 // Consecutive queued send/recv calls run as one group whose steps progress
@@ -602,7 +717,8 @@ void Communicator::execute_p2p(Item first) {
     m.deadline = deadline_from_now();
     m.addrs.assign(world_, 0);
     Call& c = m.item.first;
-    m.info = CallInfo{c.name, c.tag.seq, rank_, config_.timeout_s};
+    m.info = info_of(c);
+    record(c, CallState::kRunning);
     PlanContext ctx{rank_, world_, dtype_size(c.a.dtype), 1, &c.tag, &schedule_, m.addrs.data()};
     plan_p2p(c, ctx);
     m.end = schedule_.size();
@@ -617,6 +733,7 @@ void Communicator::execute_p2p(Item first) {
       for (size_t i = m.begin; i < m.end && all; ++i) all = schedule_[i].complete;
       if (all) {
         m.done = true;
+        record(m.item.first, CallState::kFinished);
         m.item.second->complete();
         changed = true;
       }
@@ -646,34 +763,62 @@ void Communicator::execute_p2p(Item first) {
     executor_.set_streaming(false);  // per step: a receive is one step
     executor_.run(schedule_, nullptr, deadline, info, &refill);
     return;
-  } catch (const TimeoutError& e) {
-    fail(e.what());
-    for (Member& m : members) {
-      if (!m.done) m.item.second->fail(Work::ErrorKind::kTimeout, e.what());
-    }
   } catch (const std::exception& e) {
     fail(e.what());
+    const Work::ErrorKind kind = error_kind_of(e);
     for (Member& m : members) {
-      if (!m.done) m.item.second->fail(Work::ErrorKind::kError, e.what());
+      if (!m.done) {
+        record(m.item.first, CallState::kFailed);
+        m.item.second->fail(kind, e.what());
+      }
     }
   }
 }
 
 void Communicator::close() {
   std::unique_lock<std::mutex> lk(mu_);
-  if (closed_) return;
+  if (closing_) {  // another thread closes it: wait until it is done
+    closed_cv_.wait(lk, [&] { return closed_.load(); });
+    return;
+  }
+  closing_ = true;
+  // A thread running a call or waiting for one would otherwise wait for
+  // its peers for up to the timeout while this one frees what it uses:
+  // abort, so that it raises now.
+  const bool busy = inside_.load() > 0 || waiters_->load() > 0;
+  bool announce = false;
+  if (busy && error_.empty()) {
+    error_ = "the communicator was closed by another thread while " + (running_ ? running_name_ : std::string("a call")) +
+             " was in flight";
+    announce = true;
+  }
+  const bool clean = error_.empty();
   stop_ = true;
   cv_.notify_all();
   lk.unlock();
+  if (announce) {
+    std::lock_guard<std::mutex> life(life_mu_);
+    router_.announce_abort("rank " + std::to_string(rank_) + ": " + error_);
+  }
+  router_.wake();
   if (worker_.joinable()) worker_.join();
+  // Calls that raced with close() see `closing_` and leave; aborted ones
+  // leave within milliseconds.
+  while (inside_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  {
+    std::lock_guard<std::mutex> life(life_mu_);
+    // Peers still waiting for this rank fail at once instead of at their deadline.
+    if (clean) router_.announce_departure();
+    released_ = true;
+    // TCP first: it sends what is still queued, and its I/O thread rings the
+    // shm doorbell.
+    if (tcp_) tcp_->close(deadline_from_now());
+    tcp_.reset();
+    shm_.reset();
+  }
   lk.lock();
   closed_ = true;
-  lk.unlock();
-  // TCP first: it sends what is still queued, and its I/O thread rings the
-  // shm doorbell.
-  if (tcp_) tcp_->close(deadline_from_now());
-  tcp_.reset();
-  shm_.reset();
+  closed_cv_.notify_all();
 }
 
 void Communicator::abort(const std::string& why) {
@@ -681,7 +826,8 @@ void Communicator::abort(const std::string& why) {
     std::lock_guard<std::mutex> lk(mu_);
     if (error_.empty()) error_ = "aborted: " + why;
   }
-  if (!closed_) router_.announce_abort("rank " + std::to_string(rank_) + " aborted: " + why);
+  std::lock_guard<std::mutex> life(life_mu_);
+  if (!released_) router_.announce_abort("rank " + std::to_string(rank_) + " aborted: " + why);
 }
 
 }  // namespace ringcomm

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <atomic>
 #include <vector>
 
 #include "algo/schedules.h"
@@ -26,6 +27,9 @@
 
 namespace ringcomm {
 
+// The Work error kind an exception of a failed call maps to.
+Work::ErrorKind error_kind_of(const std::exception& e);
+
 struct Config {
   size_t slot_bytes = 128 * 1024;       // bytes per FIFO slot (one pipelined segment)
   int nslots = 16;                      // slots per FIFO (segments in flight per peer)
@@ -36,6 +40,10 @@ struct Config {
   size_t pull_min_bytes = 16 << 20;     // send/recv of at least this size pull
   double timeout_s = 300.0;
   std::string transport = "auto";       // bootstrap: auto (TCP to other hosts) | shm | tcp (every peer)
+  // Rooted calls (broadcast, reduce, scatter, gather) first exchange their
+  // headers with every peer, so ranks that disagree on the root (or on
+  // anything else) all raise CollectiveMismatchError before any returns.
+  bool check_agreement = true;
   WaitPolicy wait;
 };
 
@@ -48,12 +56,17 @@ class Communicator {
   int world() const { return world_; }
   const Config& config() const { return config_; }
 
-  // Bootstrap (the store exchange happens in Python): this rank's segment
-  // name, then every rank's ("" for peers on other hosts), then the unlink
-  // once all peers mapped it.
+  // Bootstrap (the store exchange happens in Python): after the host census,
+  // this rank's inbox for the ranks that reach it over shared memory (its
+  // name, "" when it has no such peer), then every rank's name ("" for peers
+  // on other hosts), then the unlink once all local peers mapped it, and
+  // finish_init once TCP is connected too.
+  std::string create_segment(const std::vector<int>& members);
   std::string segment_name() const { return shm_->segment_name(); }
   void connect(const std::vector<std::string>& segment_names);
   void unlink_segment() { shm_->unlink(); }
+  // Checks that every peer is reached by some transport.
+  void finish_init();
   // Peers that share no memory with this rank are reached over TCP: listen
   // first (the port is published through the store), then connect to every
   // peer p with a non-empty hosts[p] once all ranks have published. `secret`
@@ -90,18 +103,26 @@ class Communicator {
   // in a batch_isend_irecv of two); returns when both are done.
   void sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src);
 
-  // Waits for queued work, stops the worker, unmaps the segments.
+  // Releases the communicator; safe from any thread and idempotent. Calls
+  // that a thread is running or waiting for right now are aborted (they
+  // raise within milliseconds); queued asynchronous calls nobody waits for
+  // are completed first (bounded by the timeout); then the worker stops,
+  // the peers are told this rank left, and the segments are unmapped.
   void close();
-  // Fails this communicator now and tells the peers (they fail fast too).
+  // Fails this communicator now and tells the peers (they fail fast too);
+  // a call blocked in another thread raises within milliseconds.
   void abort(const std::string& why);
   bool closed() const { return closed_; }
   // Non-empty once an operation failed: later calls are refused.
   std::string error();
+  // The calls issued and not finished ("all_reduce (seq 4)"), oldest first.
+  std::vector<std::string> in_flight();
 
  private:
   struct Call {
     OpKind kind;
     MsgTag tag;
+    std::thread::id issuer;
     ReduceOp redop = ReduceOp::kSum;
     bool reduces = false;
     Reducer reducer{};  // chosen (and checked) when the call is validated
@@ -143,6 +164,17 @@ class Communicator {
   void run_front(std::unique_lock<std::mutex>& lk);
   void help(const Work* work);
   void check_usable();
+  // Holds mu_: the thread rule (see communicator.cpp) for a call issued now.
+  void check_thread(const char* name);
+  void record(const Call& c, CallState state);
+  CallInfo info_of(const Call& c) const;
+  void push_agreement(const PlanContext& ctx);
+  // A thread inside a call of this communicator (close() waits for it to leave).
+  struct Inside {
+    explicit Inside(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
+    ~Inside() { n_.fetch_sub(1, std::memory_order_acq_rel); }
+    std::atomic<int>& n_;
+  };
   void check_root(int root, const char* arg) const;
   void check_peer(int peer, const char* arg) const;
   Call collective(OpKind kind, DataType dtype, size_t count, const char* name);
@@ -167,8 +199,16 @@ class Communicator {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool running_ = false;  // a call is executing (inline or on the worker)
+  std::string running_name_;  // ... which one
+  std::thread::id issuer_;    // the thread that issued the latest call
   bool stop_ = false;
-  bool closed_ = false;
+  bool closing_ = false;
+  std::atomic<bool> closed_{false};
+  std::condition_variable closed_cv_;
+  std::atomic<int> inside_{0};                                                // threads in calls
+  std::shared_ptr<std::atomic<int>> waiters_ = std::make_shared<std::atomic<int>>(0);  // threads in Work.wait
+  std::mutex life_mu_;       // transports: announce (abort) vs. release (close)
+  bool released_ = false;    // guarded by life_mu_
   std::thread worker_;
   std::string error_;
   uint64_t seq_ = 0;

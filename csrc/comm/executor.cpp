@@ -25,6 +25,21 @@ void relax_cpu() {
 }
 
 void yield_cpu() { sched_yield(); }
+
+namespace {
+thread_local InterruptCheck g_interrupt_check = nullptr;
+}  // namespace
+
+InterruptCheck interrupt_check() { return g_interrupt_check; }
+void set_interrupt_check(InterruptCheck check) { g_interrupt_check = check; }
+
+void check_interrupted(Clock::time_point now, Clock::time_point* last, const std::string& what) {
+  InterruptCheck check = g_interrupt_check;
+  if (!check || now - *last < kInterruptPoll) return;
+  *last = now;
+  if (check()) throw Interrupted("ringcomm: " + what + " was interrupted (KeyboardInterrupt); the communicator is aborted");
+}
+
 namespace {
 
 // Steps beyond the first incomplete one that a pass looks at. The FIFO order
@@ -78,7 +93,7 @@ void Executor::pull(Step& s, const Reducer* reducer) {
 void Executor::check_header(const MsgTag& expect, int peer, uint64_t segment, const MsgHeader& h,
                             size_t expect_bytes) const {
   if (!(h.tag == expect)) {
-    throw Error("ringcomm: mismatched calls: rank " + std::to_string(rank_) + " is in " +
+    throw MismatchError("ringcomm: mismatched calls: rank " + std::to_string(rank_) + " is in " +
                 describe_tag(expect) + " but rank " + std::to_string(peer) + " sent " +
                 describe_tag(h.tag) + "; all ranks must issue the same collectives in the same order");
   }
@@ -234,16 +249,93 @@ bool Executor::pass(Schedule& steps, const Reducer* reducer, size_t window) {
   return moved;
 }
 
+namespace {
+
+std::string call_text(const CallInfo& info) {
+  return info.op + " (seq " + std::to_string(info.seq) + ") on rank " + std::to_string(info.rank);
+}
+
+// A peer that failed with a mismatch makes this rank's error a mismatch too.
+[[noreturn]] void throw_classified(const std::string& message) {
+  if (message.find("mismatched calls") != std::string::npos) throw MismatchError(message);
+  throw Error(message);
+}
+
+const char* state_name(uint8_t state) {
+  switch (static_cast<CallState>(state)) {
+    case CallState::kIssued: return "queued";
+    case CallState::kRunning: return "running";
+    case CallState::kFinished: return "finished";
+    case CallState::kFailed: return "failed";
+    default: return "?";
+  }
+}
+
+std::string record_text(const CallRecordView& r) {
+  std::string s = r.p2p == 1   ? "send to rank " + std::to_string(r.peer)
+                  : r.p2p == 2 ? "recv from rank " + std::to_string(r.peer)
+                               : std::string(op_kind_name(static_cast<OpKind>(r.kind)));
+  return s + " (seq " + std::to_string(r.seq) + "), " + state_name(r.state);
+}
+
+}  // namespace
+
 void Executor::check_peers_alive() {
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
     std::string why = transport_->peer_abort_reason(p);
     if (!why.empty()) {
-      throw Error("ringcomm: " + info_->op + " (seq " + std::to_string(info_->seq) + ") on rank " +
-                  std::to_string(rank_) + " failed because rank " + std::to_string(p) +
-                  " aborted: " + why);
+      throw_classified("ringcomm: " + call_text(*info_) + " failed because rank " + std::to_string(p) +
+                       " aborted: " + why);
     }
   }
+}
+
+void Executor::rethrow_peer_lost(const PeerLostError& e) const {
+  throw_classified("ringcomm: " + call_text(*info_) + " failed: " + e.what());
+}
+
+void Executor::periodic_checks(Clock::time_point now, bool waiting) {
+  std::string why = transport_->local_abort_reason();
+  if (!why.empty()) throw Error("ringcomm: " + call_text(*info_) + " stopped: this rank aborted: " + why);
+  check_interrupted(now, &last_interrupt_, call_text(*info_));
+  if (!waiting) return;
+  check_peers_alive();
+  if (now - last_poll_ >= std::chrono::milliseconds(10)) {
+    last_poll_ = now;
+    transport_->poll_peers();  // a dead peer is reported by its link at the next step
+  }
+}
+
+std::string Executor::peers_activity(const CallInfo& info) const {
+  if (info.kind < 0) return {};
+  std::string out;
+  int listed = 0;
+  const bool p2p = info.p2p_peer >= 0;
+  for (int p = 0; p < world_ && listed < 8; ++p) {
+    if (p == rank_ || (p2p && p != info.p2p_peer)) continue;
+    CallRecordView r;
+    if (!transport_->peer_call(p, p2p, &r)) continue;
+    std::string s = "rank " + std::to_string(p) + " ";
+    const std::string mine = info.op + " (seq " + std::to_string(info.seq) + ")";
+    if (p2p) {
+      // Point-to-point counters run per pair and direction: just say what it did last.
+      s += r.state == static_cast<uint8_t>(CallState::kNone) ? "has made no send/recv call yet"
+                                                              : "last did " + record_text(r);
+    } else if (r.state == static_cast<uint8_t>(CallState::kNone)) {
+      s += "never called " + mine + "; it has made no collective call yet";
+    } else if (r.seq < info.seq) {
+      s += "never called " + mine + "; its last call was " + record_text(r);
+    } else if (r.seq == info.seq && r.kind == info.kind) {
+      s += "is in it: " + record_text(r);
+    } else if (r.seq == info.seq) {
+      s += "called " + record_text(r) + " instead";
+    } else {
+      s += "is past it, in " + record_text(r);
+    }
+    out += (listed++ ? "; " : "") + s;
+  }
+  return out;
 }
 
 void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
@@ -261,9 +353,10 @@ void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
 }
 
 void Executor::throw_timeout(const CallInfo& info, const std::string& what) const {
+  std::string peers = peers_activity(info);
   throw TimeoutError("ringcomm: " + info.op + " (seq " + std::to_string(info.seq) + ") on rank " +
                      std::to_string(rank_) + " timed out after " + seconds_text(info.timeout_s) + " s " + what +
-                     " (did every rank call it?)");
+                     (peers.empty() ? " (did every rank call it?)" : ": " + peers));
 }
 
 void Executor::run(Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,

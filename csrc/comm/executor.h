@@ -8,6 +8,7 @@
 
 #include "algo/step.h"
 #include "ringcomm/reducer.h"
+#include "ringcomm/types.h"
 #include "transport/transport.h"
 
 namespace ringcomm {
@@ -29,7 +30,20 @@ struct CallInfo {
   uint64_t seq = 0;
   int rank = -1;
   double timeout_s = 0;
+  int kind = -1;     // OpKind, for what the peers' records are compared with
+  int p2p_peer = -1;  // point-to-point calls: the peer (seq counts messages to/from it)
 };
+
+// Asks whether the calling thread was interrupted (Ctrl-C): set by the Python
+// bindings for the threads that call in from Python, null elsewhere (the
+// worker). Called at most every kInterruptPoll while a call waits or runs.
+using InterruptCheck = bool (*)();
+InterruptCheck interrupt_check();
+void set_interrupt_check(InterruptCheck check);
+constexpr std::chrono::milliseconds kInterruptPoll{20};
+// Throws Interrupted when the calling thread's interrupt check says so
+// (rate-limited through *last); `what` names the call for the message.
+void check_interrupted(Clock::time_point now, Clock::time_point* last, const std::string& what);
 
 class Executor {
  public:
@@ -62,8 +76,12 @@ class Executor {
              TimeoutF&& on_timeout);
 
   // Throws the TimeoutError of a call: "ringcomm: <op> (seq N) on rank R timed
-  // out after T s <what> (did every rank call it?)".
+  // out after T s <what> (did every rank call it?)", followed by what each
+  // peer whose record this rank can read was doing ("rank 2 never called
+  // all_reduce (seq 41); its last call was broadcast (seq 40), finished").
   [[noreturn]] void throw_timeout(const CallInfo& info, const std::string& what) const;
+  // What the peers were doing, as throw_timeout words it ("" when unknown).
+  std::string peers_activity(const CallInfo& info) const;
 
   // Throws the mismatch error unless `h` is segment `segment` of `expect`
   // with `expect_bytes` bytes, as sent by rank `peer`.
@@ -76,6 +94,10 @@ class Executor {
   void pull(Step& s, const Reducer* reducer);
   [[noreturn]] void fail_timeout(const Schedule& steps, const CallInfo& info);
   void check_peers_alive();
+  // Every few milliseconds of a call: this rank aborted (another thread),
+  // Ctrl-C, peers' processes.
+  void periodic_checks(Clock::time_point now, bool waiting);
+  [[noreturn]] void rethrow_peer_lost(const PeerLostError& e) const;
 
   Transport* transport_;
   int rank_;
@@ -86,47 +108,55 @@ class Executor {
   std::vector<uint8_t> send_busy_, recv_busy_;
   std::vector<char> pull_tmp_;
   const CallInfo* info_ = nullptr;
+  Clock::time_point last_poll_{};       // poll_peers
+  Clock::time_point last_interrupt_{};  // interrupt check
 };
 
 template <class StepF, class DoneF, class TimeoutF>
 void Executor::drive(StepF&& step, DoneF&& done, const Clock::time_point& deadline, const CallInfo& info,
                      TimeoutF&& on_timeout) {
   info_ = &info;
-  uint64_t idle = 0;
+  uint64_t idle = 0, busy = 0;
   Clock::time_point idle_since;
   enum { kSpin, kYield, kSleep } phase = kSpin;
-  for (;;) {
-    if (step()) {
-      idle = 0;
-      continue;
-    }
-    if (done()) return;
-    if (idle++ == 0) {
-      idle_since = Clock::now();
-      phase = kSpin;
-    }
-    if ((idle & 63) == 0) {
-      Clock::time_point now = Clock::now();
-      if (now > deadline) on_timeout();
-      auto waited = now - idle_since;
-      phase = waited < policy_.spin ? kSpin : waited < policy_.spin + policy_.yield ? kYield : kSleep;
-      if (phase != kSpin) check_peers_alive();
-    }
-    if (phase == kSpin) {
-      // A yield now and then costs little when the core is ours, and lets a
-      // peer that shares this core run (more ranks than cores, or other load).
-      if ((idle & 255) == 0) {
+  try {
+    for (;;) {
+      if (step()) {
+        idle = 0;
+        // A long transfer that never waits still looks at aborts and Ctrl-C.
+        if ((++busy & 1023) == 0) periodic_checks(Clock::now(), false);
+        continue;
+      }
+      if (done()) return;
+      if (idle++ == 0) {
+        idle_since = Clock::now();
+        phase = kSpin;
+      }
+      if ((idle & 63) == 0 || phase == kSleep) {
+        Clock::time_point now = Clock::now();
+        if (now > deadline) on_timeout();
+        auto waited = now - idle_since;
+        phase = waited < policy_.spin ? kSpin : waited < policy_.spin + policy_.yield ? kYield : kSleep;
+        periodic_checks(now, phase != kSpin);
+      }
+      if (phase == kSpin) {
+        // A yield now and then costs little when the core is ours, and lets a
+        // peer that shares this core run (more ranks than cores, or other load).
+        if ((idle & 255) == 0) {
+          yield_cpu();
+        } else {
+          relax_cpu();
+        }
+      } else if (phase == kYield) {
         yield_cpu();
       } else {
-        relax_cpu();
+        bool moved = false;
+        transport_->sleep(deadline, [&] { return moved = step(); });
+        if (moved) idle = 0;
       }
-    } else if (phase == kYield) {
-      yield_cpu();
-    } else {
-      bool moved = false;
-      transport_->sleep(deadline, [&] { return moved = step(); });
-      if (moved) idle = 0;
     }
+  } catch (const PeerLostError& e) {
+    rethrow_peer_lost(e);
   }
 }
 

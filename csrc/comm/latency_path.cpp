@@ -21,7 +21,9 @@ bool Communicator::claim_inline(Number&& number) {
   std::lock_guard<std::mutex> lk(mu_);
   check_usable();
   if (!queue_.empty() || running_) return false;  // keep issue order: queue behind them
+  check_thread("a call");
   running_ = true;
+  running_name_ = "a small synchronous call";
   number();
   return true;
 }
@@ -42,13 +44,26 @@ bool Communicator::small_all_reduce(const Buffer& x, ReduceOp op, const Reducer&
   if (!small_path_ || x.nbytes() > small_max_bytes_) return false;
   MsgTag tag;
   if (!claim_inline([&] { tag.seq = ++seq_; })) return false;
+  CallRecordView rec;
+  rec.kind = static_cast<uint8_t>(OpKind::kAllReduce);
+  rec.state = static_cast<uint8_t>(CallState::kRunning);
+  rec.seq = tag.seq;
+  router_.record_call(rec);
   tag.kind = static_cast<uint8_t>(OpKind::kAllReduce);
   tag.dtype = static_cast<uint8_t>(x.dtype);
   tag.redop = static_cast<uint8_t>(op);
   tag.algo = kFamilyOneShot;
   tag.root = -1;
   tag.count = x.count;
-  run_claimed([&] { run_small_all_reduce(x, tag, reducer, op == ReduceOp::kAvg); });
+  try {
+    run_claimed([&] { run_small_all_reduce(x, tag, reducer, op == ReduceOp::kAvg); });
+  } catch (...) {
+    rec.state = static_cast<uint8_t>(CallState::kFailed);
+    router_.record_call(rec);
+    throw;
+  }
+  rec.state = static_cast<uint8_t>(CallState::kFinished);
+  router_.record_call(rec);
   return true;
 }
 
@@ -91,7 +106,8 @@ void Communicator::run_small_all_reduce(const Buffer& x, const MsgTag& tag, cons
     }
     return moved;
   };
-  const CallInfo info{"all_reduce", tag.seq, r, config_.timeout_s};
+  CallInfo info{"all_reduce", tag.seq, r, config_.timeout_s};
+  info.kind = static_cast<int>(OpKind::kAllReduce);
   auto timeout = [&] {
     std::string what;
     if (sent < n - 1) {
@@ -179,7 +195,9 @@ void Communicator::run_small_sendrecv(const Buffer& send_buf, int dst, const Msg
     }
     return moved;
   };
-  const CallInfo info{"sendrecv", in.seq, rank_, config_.timeout_s};
+  CallInfo info{"sendrecv", in.seq, rank_, config_.timeout_s};
+  info.kind = static_cast<int>(OpKind::kSend);
+  info.p2p_peer = src;
   auto timeout = [&] {
     const std::string secs = seconds_text(config_.timeout_s);
     const std::string what = !got ? "waiting for data from rank " + std::to_string(src)

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "comm/executor.h"
 #include "ringcomm/types.h"
 
 namespace ringcomm {
@@ -23,20 +24,47 @@ void Work::fail(ErrorKind kind, const std::string& message) {
 }
 
 bool Work::wait(double timeout_s) {
+  struct Waiting {
+    std::atomic<int>* n;
+    explicit Waiting(std::atomic<int>* c) : n(c) {
+      if (n) n->fetch_add(1);
+    }
+    ~Waiting() {
+      if (n) n->fetch_sub(1);
+    }
+  } waiting(waiters_.get());
   if (help_ && !is_completed()) help_();
   // Small operations finish within microseconds: yield for a moment before
   // blocking, since a futex wake-up costs tens of microseconds on a VM.
-  auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+  const auto start = std::chrono::steady_clock::now();
+  auto spin_until = start + std::chrono::microseconds(200);
   while (state_.load(std::memory_order_acquire) == State::kPending &&
          std::chrono::steady_clock::now() < spin_until) {
     sched_yield();
   }
   std::unique_lock<std::mutex> lk(mu_);
   auto done = [&] { return state_ != State::kPending; };
-  if (timeout_s < 0) {
-    cv_.wait(lk, done);
-  } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), done)) {
-    return false;
+  // Wait in slices so that Ctrl-C is seen (interrupt_check) within ~20 ms.
+  const bool forever = timeout_s < 0;
+  const auto until = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double>(forever ? 0.0 : timeout_s));
+  Clock::time_point last_check{};
+  while (!done()) {
+    auto now = std::chrono::steady_clock::now();
+    if (!forever && now >= until) return false;
+    auto slice = std::chrono::steady_clock::duration(kInterruptPoll);
+    if (!forever) slice = std::min(slice, until - now);
+    cv_.wait_for(lk, slice, done);
+    if (!done() && interrupt_check()) {
+      lk.unlock();
+      try {
+        check_interrupted(Clock::now(), &last_check, "the wait for " + what_);
+      } catch (const Interrupted& e) {
+        if (on_interrupt_) on_interrupt_(e.what());
+        throw;
+      }
+      lk.lock();
+    }
   }
   lk.unlock();
   rethrow();
@@ -58,8 +86,12 @@ Work::ErrorKind Work::error_kind() {
 void Work::rethrow() {
   std::lock_guard<std::mutex> lk(mu_);
   if (state_ != State::kFailed) return;
-  if (kind_ == ErrorKind::kTimeout) throw TimeoutError(message_);
-  throw Error(message_);
+  switch (kind_) {
+    case ErrorKind::kTimeout: throw TimeoutError(message_);
+    case ErrorKind::kMismatch: throw MismatchError(message_);
+    case ErrorKind::kInterrupted: throw Interrupted(message_);
+    default: throw Error(message_);
+  }
 }
 
 }  // namespace ringcomm

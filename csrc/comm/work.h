@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -12,13 +13,18 @@ namespace ringcomm {
 class Work {
  public:
   enum class State { kPending, kDone, kFailed };
-  enum class ErrorKind { kNone, kError, kTimeout };
+  enum class ErrorKind { kNone, kError, kTimeout, kMismatch, kInterrupted };
 
-  explicit Work(std::string what) : what_(std::move(what)) {}
+  // `waiters` counts the threads blocked in wait() on any Work of the
+  // communicator (close() aborts rather than drains while there are some).
+  explicit Work(std::string what, std::shared_ptr<std::atomic<int>> waiters = nullptr)
+      : what_(std::move(what)), waiters_(std::move(waiters)) {}
 
   // Called by wait() first: lets the waiting thread run queued calls itself.
   // Set before the Work is published; only called while it is pending.
   void set_helper(std::function<void()> help) { help_ = std::move(help); }
+  // Called when a wait is interrupted (Ctrl-C): aborts the communicator.
+  void set_on_interrupt(std::function<void(const std::string&)> f) { on_interrupt_ = std::move(f); }
 
   void complete();
   void fail(ErrorKind kind, const std::string& message);
@@ -31,12 +37,14 @@ class Work {
   std::string error_message();
   ErrorKind error_kind();
   const std::string& what() const { return what_; }
-  // Throws the stored error (Error or TimeoutError) if the operation failed.
+  // Throws the stored error (Error, TimeoutError, MismatchError) if the operation failed.
   void rethrow();
 
  private:
   std::string what_;
+  std::shared_ptr<std::atomic<int>> waiters_;
   std::function<void()> help_;
+  std::function<void(const std::string&)> on_interrupt_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<State> state_{State::kPending};

@@ -26,4 +26,12 @@ void Router::announce_abort(const std::string& why) {
   for (Transport* t : all_) t->announce_abort(why);
 }
 
+void Router::poll_peers() {
+  for (Transport* t : all_) t->poll_peers();
+}
+
+void Router::announce_departure() {
+  for (Transport* t : all_) t->announce_departure();
+}
+
 }  // namespace ringcomm

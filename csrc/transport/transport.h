@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -11,6 +12,18 @@
 namespace ringcomm {
 
 using Clock = std::chrono::steady_clock;
+
+enum class CallState : uint8_t { kNone = 0, kIssued = 1, kRunning = 2, kFinished = 3, kFailed = 4 };
+
+// A rank's last call as peers see it (timeout messages): OpKind, sequence
+// number, CallState, and for point-to-point calls the peer.
+struct CallRecordView {
+  uint8_t kind = 0;
+  uint8_t state = 0;
+  uint8_t p2p = 0;  // 0: a collective; 1: a send to `peer`; 2: a receive from `peer`
+  int peer = -1;
+  uint64_t seq = 0;
+};
 
 class Transport {
  public:
@@ -29,13 +42,25 @@ class Transport {
   virtual bool can_read_remote() { return false; }
 
   // Interrupts a sleep() of this rank from another thread of this process
-  // (new work was queued).
+  // (new work was queued, or the communicator is being aborted).
   virtual void wake() = 0;
 
   // Marks this rank as failed with `why`, so that peers waiting on it fail fast.
   virtual void announce_abort(const std::string& why) = 0;
   // Non-empty when `peer` announced an abort.
   virtual std::string peer_abort_reason(int peer) = 0;
+  // Non-empty once this rank announced an abort (another thread's abort()
+  // must stop a call blocked in this one).
+  virtual std::string local_abort_reason() { return {}; }
+  // Looks at whether the peers' processes still live (a system call or so;
+  // the executor calls it every few milliseconds while it waits).
+  virtual void poll_peers() {}
+  // Tells the peers this rank closed its communicator in order.
+  virtual void announce_departure() {}
+  // Publishes this rank's last call / reads a peer's last collective or last
+  // point-to-point call (false when unknown).
+  virtual void record_call(const CallRecordView&) {}
+  virtual bool peer_call(int, bool /*p2p*/, CallRecordView*) { return false; }
 };
 
 }  // namespace ringcomm

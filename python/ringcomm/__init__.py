@@ -26,13 +26,14 @@ from ringcomm.collectives import (
     sendrecv,
 )
 from ringcomm.communicator import Communicator
-from ringcomm.errors import RingcommError, TimeoutError
+from ringcomm.errors import CollectiveMismatchError, RingcommError, TimeoutError
 from ringcomm.reduce_op import ReduceOp
 from ringcomm.work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CollectiveMismatchError",
     "Communicator",
     "ReduceOp",
     "RingcommError",

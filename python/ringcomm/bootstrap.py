@@ -7,8 +7,10 @@ import json
 import os
 import secrets
 import socket
+import time
 from datetime import timedelta
 
+from ringcomm import validate
 from ringcomm.errors import RingcommError, TimeoutError
 
 
@@ -170,20 +172,33 @@ def store_from_env(rank, world_size, timeout_s):
     )
 
 
-def wait_keys(store, keys, timeout_s, what, rank):
-    """Waits until every key exists; TimeoutError names the missing ones."""
-    try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-        return
-    except Exception as e:  # the store raises its own error type on timeout
-        missing = [k for k in keys if not _has(store, k)]
-        if not missing:
-            raise RingcommError(f"ringcomm: {what}: the store failed: {e}") from e
-        names = ", ".join(k.rsplit("/", 1)[-1] for k in missing)
-        raise TimeoutError(
-            f"ringcomm: init on rank {rank} timed out after {timeout_s:.3g} s {what}; "
-            f"missing rank(s): {names} (did every rank call init / split?)"
-        ) from None
+# Store waits are cut into slices so that Ctrl-C (delivered between slices)
+# and dead peers (`alive`) are noticed within a fraction of a second, not at
+# the timeout; a wait whose keys exist returns at once.
+_WAIT_SLICE_S = 0.1
+
+
+def wait_keys(store, keys, timeout_s, what, rank, alive=None):
+    """Waits until every key exists; TimeoutError names the missing ones.
+    `alive()`, when given, runs between slices and raises for a dead peer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait(keys, timedelta(seconds=max(0.001, min(_WAIT_SLICE_S, left))))
+            return
+        except Exception as e:  # the store raises its own error type on timeout
+            missing = [k for k in keys if not _has(store, k)]
+            if not missing:
+                raise RingcommError(f"ringcomm: {what}: the store failed: {e}") from e
+        if alive is not None:
+            alive(missing)
+        if time.monotonic() >= deadline:
+            names = ", ".join(k.rsplit("/", 1)[-1] for k in missing)
+            raise TimeoutError(
+                f"ringcomm: init on rank {rank} timed out after {timeout_s:.3g} s {what}; "
+                f"missing rank(s): {names} (did every rank call init / split?)"
+            ) from None
 
 
 def _has(store, key):
@@ -193,12 +208,25 @@ def _has(store, key):
         return False
 
 
-def exchange(store, prefix, rank, world_size, info, timeout_s):
-    """Publishes this rank's info (a dict) and returns every rank's, by rank."""
+def exchange(store, prefix, rank, world_size, info, timeout_s, schema=None, alive=None, members=None):
+    """Publishes this rank's info and returns every member's (all ranks by
+    default), by rank: a list, or a dict when `members` is given. With a
+    `schema` (validate.record) each record is checked like socket data."""
     store.set(f"{prefix}/info/{rank}", json.dumps(info))
-    keys = [f"{prefix}/info/{r}" for r in range(world_size)]
-    wait_keys(store, keys, timeout_s, "waiting for the other ranks to join", rank)
-    return [json.loads(_text(store.get(k))) for k in keys]
+    ranks = list(range(world_size)) if members is None else list(members)
+    keys = [f"{prefix}/info/{r}" for r in ranks]
+    wait_keys(store, keys, timeout_s, "waiting for the other ranks to join", rank, alive)
+    got = {}
+    for r, k in zip(ranks, keys):
+        raw = store.get(k)
+        if schema is None:
+            try:
+                got[r] = json.loads(_text(raw))
+            except (ValueError, TypeError) as e:
+                raise RingcommError(f"ringcomm: the record rank {r} published in the store is malformed: {e}") from None
+        else:
+            got[r] = validate.record(raw, r, schema)
+    return [got[r] for r in ranks] if members is None else got
 
 
 def _text(value):
@@ -206,7 +234,49 @@ def _text(value):
     return value if isinstance(value, str) else bytes(value).decode()
 
 
-def barrier(store, prefix, name, rank, world_size, timeout_s):
+def barrier(store, prefix, name, rank, world_size, timeout_s, members=None, alive=None):
     store.set(f"{prefix}/{name}/{rank}", "1")
-    keys = [f"{prefix}/{name}/{r}" for r in range(world_size)]
-    wait_keys(store, keys, timeout_s, f"waiting for the other ranks ({name})", rank)
+    ranks = range(world_size) if members is None else members
+    keys = [f"{prefix}/{name}/{r}" for r in ranks]
+    wait_keys(store, keys, timeout_s, f"waiting for the other ranks ({name})", rank, alive)
+
+
+def pid_namespace():
+    """The inode of this process's pid namespace (0 if unknown): pids of
+    peers in other namespaces mean nothing here."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def process_gone(pid):
+    """Whether process `pid` (of this pid namespace) has exited (or is a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2] in "ZX"
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def liveness_check(rank, infos, members):
+    """An `alive` callback for wait_keys: raises naming a local peer (same
+    host and pid namespace) whose process died before it published."""
+    mine = infos[rank]
+    watched = [(r, infos[r]["pid"]) for r in members
+               if r != rank and infos[r].get("pidns") == mine.get("pidns") and mine.get("pidns")]
+
+    def alive(missing_keys):
+        missing = {k.rsplit("/", 1)[-1] for k in missing_keys}
+        for r, pid in watched:
+            if str(r) in missing and process_gone(pid):
+                raise RingcommError(f"ringcomm: rank {r} (pid {pid}) died during init; rank {rank} gives up")
+
+    return alive

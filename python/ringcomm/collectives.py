@@ -2,6 +2,8 @@
 using the communicator from init() unless `comm=` is given (torch.distributed
 style)."""
 import atexit
+import sys
+import time
 
 from ringcomm import bootstrap, validate
 from ringcomm.communicator import Communicator
@@ -65,7 +67,46 @@ def finalize():
         comm.close()
 
 
-atexit.register(finalize)
+# How long the exit handler lets operations still in flight finish before
+# it aborts them: long enough for peers that are merely a little behind,
+# far below any timeout.
+EXIT_GRACE_S = 1.0
+
+
+def _at_exit():
+    """Interpreter exit: operations still in flight (an async op never
+    waited for, one a peer never joins) get EXIT_GRACE_S to finish; then a
+    warning names them and the communicator is aborted, so neither this
+    process nor its peers wait for the timeout. Every communicator closes."""
+    from ringcomm import communicator as _cm
+
+    comms = list(_cm._live)
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for comm in comms:
+        try:
+            pending = comm.in_flight()
+            while pending and time.monotonic() < deadline:
+                time.sleep(0.005)
+                pending = comm.in_flight()
+            if pending:
+                shown = ", ".join(pending[:4]) + (", ..." if len(pending) > 4 else "")
+                sys.stderr.write(
+                    f"ringcomm: warning: interpreter exit on rank {comm.rank} with {len(pending)} operation(s) "
+                    f"still in flight ({shown}); aborting the communicator\n")
+                sys.stderr.flush()
+                comm.abort(f"rank {comm.rank}'s interpreter exited with {len(pending)} operation(s) in flight "
+                           f"({shown})")
+        except Exception:  # noqa: BLE001 - exit must go on
+            pass
+    finalize()
+    for comm in comms:
+        try:
+            comm.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+atexit.register(_at_exit)
 
 
 def _comm(comm):

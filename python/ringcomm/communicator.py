@@ -6,14 +6,40 @@ async_op=True a call returns a Work at once and runs on the communicator's
 worker thread.
 """
 import os
+import sys
+import weakref
 
 from ringcomm import _C, bootstrap, validate
 from ringcomm._C import DeviceBufferError as _DeviceBuffer
-from ringcomm.errors import RingcommError
+from ringcomm.errors import CollectiveMismatchError, RingcommError
 from ringcomm.reduce_op import ReduceOp, op_value
 
-_OP_VALUE = {op: int(op) for op in ReduceOp}
 from ringcomm.work import Work
+
+_OP_VALUE = {op: int(op) for op in ReduceOp}
+
+# What each rank publishes in the store at init, checked like socket data
+# (validate.record): a malformed record is a RingcommError naming its rank.
+_CENSUS_SCHEMA = {
+    "host": validate.text(1024),
+    "pid": validate.integer(1, 2**63 - 1),
+    "pidns": validate.integer(0, 2**64 - 1),
+    "slot_bytes": validate.integer(64, 1 << 30),
+    "nslots": validate.integer(3, 4096),
+    "ranks": validate.optional(validate.list_of(validate.integer(0, 2**31 - 1), 1 << 24)),
+    "transport": validate.one_of("auto", "shm", "tcp"),
+    "check_agreement": validate.boolean(),
+    "tcp": validate.optional(validate.pair(validate.text(255), validate.integer(1, 65535))),
+    "secret": validate.optional(validate.hex_text(32)),
+}
+_SPLIT_SCHEMA = {
+    "ranks": validate.optional(validate.list_of(validate.integer(0, 2**31 - 1), 1 << 24)),
+    "error": validate.optional(validate.text(1000)),
+}
+_SEGMENT_SCHEMA = {"segment": validate.text(128, pattern=r"/ringcomm-[0-9]+-[0-9]+-[0-9a-f]{32}")}
+
+# Every open communicator, for the exit handler (collectives.py).
+_live = weakref.WeakSet()
 
 
 class Communicator:
@@ -30,14 +56,19 @@ class Communicator:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
         native = _C.Communicator(rank, world_size, config)
+        known_segments = []  # local peers' segment names: removed by survivors if init fails
         try:
+            # 1. Census: who runs where. Segments are sized after it, for the
+            # peers actually on this host (never for the world size).
             info = {
                 "host": bootstrap.host_identity(),
-                "segment": native.segment_name(),
+                "pid": os.getpid(),
+                "pidns": bootstrap.pid_namespace(),
                 "slot_bytes": config.slot_bytes,
                 "nslots": config.nslots,
                 "ranks": ranks,
                 "transport": config.transport,
+                "check_agreement": config.check_agreement,
             }
             if config.transport != "shm" and world_size > 1:
                 # Who is on another host is only known after the exchange, so
@@ -46,29 +77,58 @@ class Communicator:
                 info["tcp"] = [addr, native.listen_tcp(addr)]
                 if rank == 0:
                     info["secret"] = bootstrap.draw_secret()
-            infos = bootstrap.exchange(store, prefix, rank, world_size, info, config.timeout_s)
+            infos = bootstrap.exchange(store, prefix, rank, world_size, info, config.timeout_s,
+                                       schema=_CENSUS_SCHEMA)
             self._check_peers(rank, info, infos)
+            if "tcp" in info and "secret" not in infos[0]:
+                raise RingcommError("ringcomm: rank 0's record in the store has no TCP secret")
             tcp = [r != rank and "tcp" in info and (config.transport == "tcp" or i["host"] != info["host"])
                    for r, i in enumerate(infos)]
-            native.connect([i["segment"] if r != rank and not tcp[r] else "" for r, i in enumerate(infos)])
+            if any(tcp[r] and infos[r].get("tcp") is None for r in range(world_size)):
+                bad = [r for r in range(world_size) if tcp[r] and infos[r].get("tcp") is None]
+                raise RingcommError(f"ringcomm: rank(s) {bad} published no TCP address but must be reached over TCP")
+            local = [r for r in range(world_size) if not tcp[r]]
+            alive = bootstrap.liveness_check(rank, infos, local)
+            # 2. Shared memory among the ranks of this host.
+            name = native.create_segment(local)
+            names = [""] * world_size
+            if len(local) > 1:
+                got = bootstrap.exchange(store, f"{prefix}/shm", rank, world_size, {"segment": name},
+                                         config.timeout_s, schema=_SEGMENT_SCHEMA, alive=alive, members=local)
+                for r, rec in got.items():
+                    if r != rank:
+                        names[r] = rec["segment"]
+                        known_segments.append(rec["segment"])
+                native.connect(names)
+                # Once every local peer has mapped this segment its name can
+                # go: a crash after this point leaves nothing in /dev/shm.
+                bootstrap.barrier(store, prefix, "mapped", rank, world_size, config.timeout_s,
+                                  members=local, alive=alive)
+                native.unlink_segment()
+            else:
+                native.connect(names)
+            # 3. TCP to the ranks of other hosts.
             if "tcp" in info:
-                native.connect_tcp([i["tcp"][0] if tcp[r] else "" for r, i in enumerate(infos)],
-                                   [int(i["tcp"][1]) if tcp[r] else 0 for r, i in enumerate(infos)],
+                native.connect_tcp([infos[r]["tcp"][0] if tcp[r] else "" for r in range(world_size)],
+                                   [infos[r]["tcp"][1] if tcp[r] else 0 for r in range(world_size)],
                                    bytes.fromhex(infos[0]["secret"]))
-            # Once every peer has mapped every segment the names can go: a
-            # crash after this point leaves nothing behind in /dev/shm.
-            bootstrap.barrier(store, prefix, "mapped", rank, world_size, config.timeout_s)
-            native.unlink_segment()
+            native.finish_init()
             # Single-copy pull schedules need every rank able to read every
             # peer's memory; all ranks must agree, or their schedules differ.
             can_pull = config.pull and native.probe_pull()
             pulls = bootstrap.exchange(store, f"{prefix}/pull", rank, world_size, can_pull, config.timeout_s)
-            native.set_pull(all(pulls))
+            native.set_pull(all(p is True for p in pulls))
             self._tune_waiting(native, info, infos, config, any(tcp))
         except BaseException:
+            # A peer that died during init cannot unlink its own segment.
+            native.unlink_segment()
+            for n in known_segments:
+                _C.unlink_segment_name(n)
+            _C.sweep_segments()
             native.close()
             raise
         self._native = native
+        _live.add(self)
 
     @staticmethod
     def _tune_waiting(native, mine, infos, config, uses_tcp=False):
@@ -98,7 +158,7 @@ class Communicator:
                     "but the transport is shm (shared memory, one host only): use RINGCOMM_TRANSPORT=auto "
                     "or tcp"
                 )
-            for key in ("slot_bytes", "nslots", "ranks", "transport"):
+            for key in ("slot_bytes", "nslots", "ranks", "transport", "check_agreement"):
                 if other[key] != mine[key]:
                     raise ValueError(
                         f"ringcomm: ranks disagree on {key}: rank {r} has {other[key]!r}, "
@@ -145,7 +205,7 @@ class Communicator:
             return None
         if self._inflight:
             self._inflight = [w for w in self._inflight if not w.is_completed()]
-        work = Work(native_work, buffers)
+        work = Work(native_work, buffers + (self._native,))  # the native communicator outlives its Works
         self._inflight.append(work)
         return work
 
@@ -302,25 +362,61 @@ class Communicator:
         """A new communicator over `ranks` (called by every rank of this one).
 
         New rank i is old rank ranks[i]. Returns None on ranks not in the list.
+        Every rank must pass the same list: the ranks compare their lists
+        (through the store) and all raise CollectiveMismatchError if they
+        differ, before any returns.
         """
         self._c()
-        ranks = validate.indices(ranks, "ranks")
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"split: ranks {ranks} contain duplicates")
-        bad = [r for r in ranks if not 0 <= r < self.world_size]
-        if bad:
-            raise ValueError(f"split: ranks {bad} are out of range for world size {self.world_size}")
-        if not ranks:
-            raise ValueError("split: ranks is empty")
+        problem = None
+        try:
+            ranks = validate.indices(ranks, "ranks")
+            if not ranks:
+                raise ValueError("split: ranks is empty")
+            if len(set(ranks)) != len(ranks):
+                raise ValueError(f"split: ranks {ranks} contain duplicates")
+            bad = [r for r in ranks if not 0 <= r < self.world_size]
+            if bad:
+                raise ValueError(f"split: ranks {bad} are out of range for world size {self.world_size}")
+        except (TypeError, ValueError) as e:
+            problem = e
         self._splits += 1
         prefix = f"{self._prefix}/split{self._splits}"
+        asked = None if problem is not None else ranks
+        mine = {"ranks": asked, "error": None if problem is None else str(problem)[:500]}
+        got = bootstrap.exchange(self._store, f"{prefix}/ask", self.rank, self.world_size, mine,
+                                 self._config.timeout_s, schema=_SPLIT_SCHEMA)
+        if problem is not None:
+            raise problem
+        differ = [r for r, g in enumerate(got) if g["ranks"] != asked]
+        if differ:
+            def said(r):
+                g = got[r]
+                return f"ranks {g['ranks']}" if g["ranks"] is not None else f"an invalid list ({g['error']})"
+            others = "; ".join(f"rank {r} asked for {said(r)}" for r in differ[:8])
+            raise CollectiveMismatchError(
+                f"ringcomm: split (split #{self._splits} of this communicator) disagreement: rank {self.rank} "
+                f"asked for ranks {asked}, but {others}; every rank must pass the same list"
+            )
         if self.rank not in ranks:
             return None
         return Communicator(self._store, prefix, ranks.index(self.rank), len(ranks), self._config, ranks)
 
+    def in_flight(self):
+        """The operations issued and not finished yet, oldest first ("all_reduce (seq 4)")."""
+        native = self._native
+        return [] if native is None else list(native.in_flight())
+
     def close(self):
-        """Waits for issued operations, then releases the shared memory."""
+        """Releases the communicator; idempotent and safe from any thread.
+
+        Asynchronous operations nobody waits for are completed first (bounded
+        by the timeout). A call that another thread is running or waiting for
+        right now is aborted instead: it raises RingcommError at once, and
+        the peers fail too (they would wait for this rank otherwise). Peers
+        still waiting for this rank after a clean close raise at once, naming it.
+        """
         native, self._native = self._native, None
+        _live.discard(self)
         gpu, self._gpu_path = self._gpu_path, None
         if gpu is not None:
             gpu.close()
@@ -329,11 +425,13 @@ class Communicator:
         self._inflight = []
 
     def abort(self, reason="aborted by the user"):
-        """Fails this communicator at once; peers waiting on it fail too."""
+        """Fails this communicator at once; a call blocked in another thread
+        raises within milliseconds, and peers waiting on it fail too."""
         if self._gpu_path is not None:
             self._gpu_path.abort(reason)
-        if self._native is not None:
-            self._native.abort(reason)
+        native = self._native
+        if native is not None:
+            native.abort(str(reason))
 
     def __copy__(self):
         return self  # a handle to shared native resources: copies share it

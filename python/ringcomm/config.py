@@ -12,6 +12,9 @@ RINGCOMM_SLOT_BYTES        bytes per pipelined segment (default 131072; a multip
 RINGCOMM_SLOTS             segments in flight per peer (default 16; 3 to 4096)
 RINGCOMM_SPIN_US           microseconds a waiting rank spins before it yields (0 to 6e7)
 RINGCOMM_YIELD_US          microseconds it yields before it sleeps (0 to 6e7)
+RINGCOMM_CHECK_AGREEMENT   0: rooted calls (broadcast, reduce, scatter, gather) skip the header exchange
+                           that makes ranks disagreeing on the root raise (default 1; for measuring
+                           its cost; every rank must use the same setting)
 RINGCOMM_HOST_ID           overrides the host identity (hostname + boot id; at most 255 characters)
 RINGCOMM_TRANSPORT         auto (shared memory on one host, TCP between hosts) | shm | tcp (every peer)
 RINGCOMM_SOCKET_IFNAME     interface(s) TCP listens on and advertises, e.g. eth0 (comma list; default:
@@ -129,5 +132,6 @@ def make_config(timeout=None, algo=None, transport=None):
     cfg.nslots = _env_int("RINGCOMM_SLOTS", cfg.nslots, MIN_SLOTS, MAX_SLOTS)
     cfg.spin_us = _env_float("RINGCOMM_SPIN_US", cfg.spin_us, 0.0, MAX_WAIT_US)
     cfg.yield_us = _env_float("RINGCOMM_YIELD_US", cfg.yield_us, 0.0, MAX_WAIT_US)
+    cfg.check_agreement = _env_int("RINGCOMM_CHECK_AGREEMENT", 1, 0, 1) == 1
     _check_host_settings()
     return cfg

@@ -3,8 +3,10 @@
 RingcommError (a RuntimeError): a collective failed (mismatched calls across
 ranks, a peer that aborted, a communicator used after an error).
 TimeoutError (a RingcommError): a blocking wait passed its deadline.
+CollectiveMismatchError (a RingcommError): ranks called different collectives
+(op, dtype, count, root) or split with different lists; raised on every rank.
 Bad arguments raise the builtin ValueError / TypeError before anything is sent.
 """
-from ringcomm._C import RingcommError, TimeoutError  # noqa: A004  (shadows the builtin on purpose)
+from ringcomm._C import CollectiveMismatchError, RingcommError, TimeoutError  # noqa: A004
 
-__all__ = ["RingcommError", "TimeoutError"]
+__all__ = ["CollectiveMismatchError", "RingcommError", "TimeoutError"]

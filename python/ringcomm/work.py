@@ -1,6 +1,6 @@
 """Work: the handle of an asynchronous operation."""
 from ringcomm import validate
-from ringcomm.errors import RingcommError, TimeoutError
+from ringcomm.errors import CollectiveMismatchError, RingcommError, TimeoutError
 
 
 def seconds(timeout, name="timeout"):
@@ -53,7 +53,9 @@ class Work:
         msg = self._native.error_message()
         if not msg:
             return None
-        return (TimeoutError if self._native.is_timeout() else RingcommError)(msg)
+        if self._native.is_timeout():
+            return TimeoutError(msg)
+        return (CollectiveMismatchError if self._native.is_mismatch() else RingcommError)(msg)
 
     def __repr__(self):
         state = "completed" if self.is_completed() else "pending"

@@ -53,6 +53,25 @@ class TimeoutError : public Error {
  public:
   using Error::Error;
 };
+// Ranks called different collectives (op, dtype, count, root, split lists):
+// ringcomm.CollectiveMismatchError, on every rank.
+class MismatchError : public Error {
+ public:
+  using Error::Error;
+};
+// A blocking wait was interrupted by a signal (Ctrl-C): the Python exception
+// the signal handler raised (KeyboardInterrupt) is pending and is what the
+// bindings raise.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+};
+// A peer is gone (died, closed, aborted); thrown by links, given its call's
+// context by the executor.
+class PeerLostError : public Error {
+ public:
+  using Error::Error;
+};
 class ValueError : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;

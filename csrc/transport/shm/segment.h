@@ -1,57 +1,104 @@
 // A POSIX shared-memory segment: this rank's inbox.
 //
-// Layout (every rank creates one, sized for the whole communicator):
-//   SegmentControl                      doorbell, sleep flag, abort flag/reason
-//   FifoControl[world]                  head/tail counters of the FIFO from each peer
-//   slots[world][nslots]                each: one page for the MsgHeader, then the
+// A segment holds FIFOs only for the ranks of this host that reach this rank
+// over shared memory (its `members`, learnt from the host census at init), so
+// its size grows with the local peers, never with the world size.
+//
+// Layout:
+//   SegmentControl                      doorbell, sleep flag, abort / departure
+//                                       flags and reason, liveness facts, the
+//                                       owner's last call (see CallRecord)
+//   FifoControl[members - 1]            head/tail counters of the FIFO from each peer
+//   slots[members - 1][nslots]          each: one page for the MsgHeader, then the
 //                                       data area (slot_bytes + one page of slack so
 //                                       the payload can start at any page offset)
-// Peer p writes into slots[p][*] and bumps fifo[p].tail; this rank reads and
-// bumps fifo[p].head. Counters only grow, so "full" is tail - head == nslots.
+// Peer p writes into its slots and bumps its fifo's tail; this rank reads and
+// bumps head. Counters only grow, so "full" is tail - head == nslots.
+//
+// Names are "/ringcomm-<pid namespace>-<pid>-<128 random bits>": unguessable,
+// and a segment whose owner died before unlinking it (SIGKILL during init)
+// can be recognised and removed by the next rank that creates one
+// (sweep_orphans).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "transport/transport.h"  // CallState
 
 namespace ringcomm {
 
-constexpr uint64_t kSegmentMagic = 0x72696e67636f6d31ULL;  // "ringcom1"
+constexpr uint64_t kSegmentMagic = 0x72696e67636f6d32ULL;  // "ringcom2"
 constexpr size_t kPage = 4096;
+
+// What the owner of a segment is doing, for the timeout messages of its peers
+// (written by the owner only; readers retry while `version` is odd).
+struct CallRecord {
+  std::atomic<uint32_t> version;
+  uint8_t kind;    // OpKind
+  uint8_t state;   // CallState
+  uint8_t p2p;     // 1: seq counts the point-to-point messages to/from `peer`
+  uint8_t pad;
+  int32_t peer;
+  uint64_t seq;
+};
 
 struct alignas(64) SegmentControl {
   uint64_t magic;
   uint32_t world;
   uint32_t rank;
   uint32_t nslots;
-  uint32_t pad;
+  uint32_t members;
   uint64_t slot_bytes;
   uint64_t slot_stride;
-  int64_t owner_pid;    // the creating process, for cross-memory attach
-  uint64_t owner_base;  // where the segment sits in the owner's address space
+  int64_t owner_pid;         // the creating process, for cross-memory attach and liveness
+  uint64_t owner_pidns;      // inode of its pid namespace (pids mean nothing across namespaces)
+  uint64_t owner_starttime;  // its start time (/proc/pid/stat), so a reused pid is not mistaken for it
+  uint64_t owner_base;       // where the segment sits in the owner's address space
   alignas(64) std::atomic<uint32_t> bell;      // bumped by peers that changed a FIFO
   alignas(64) std::atomic<uint32_t> sleeping;  // 1 while this rank waits on the bell
-  alignas(64) std::atomic<uint32_t> aborted;
+  alignas(64) std::atomic<uint32_t> aborted;   // 1: failed or aborted (abort_reason says why)
+  std::atomic<uint32_t> departed;              // 1: closed its communicator in order
   char abort_reason[512];
+  alignas(64) CallRecord last_call[2];  // [0] collectives, [1] point-to-point
 };
 
 struct alignas(64) FifoControl {
   alignas(64) std::atomic<uint64_t> tail;  // segments published by the sender
   alignas(64) std::atomic<uint64_t> head;  // segments released by the receiver
-  // In the inbox of rank s, fifo[p].pulled: the sequence number of the last
-  // point-to-point message of s that p finished reading directly (pull sends
-  // are acknowledged here, not in the FIFO, whose order p2p cannot fix).
+  // In the inbox of rank s, the fifo of p holds in `pulled` the sequence
+  // number of the last point-to-point message of s that p finished reading
+  // directly (pull sends are acknowledged here, not in the FIFO, whose order
+  // p2p cannot fix).
   alignas(64) std::atomic<uint64_t> pulled;
 };
 
+// Facts about the calling process that peers use to tell whether it lives.
+uint64_t own_pid_namespace();
+// The start time of process `pid` in clock ticks since boot (0 if unknown).
+uint64_t process_start_time(int64_t pid);
+
 class Segment {
  public:
-  // Creates a fresh segment with an unguessable name, mode 0600, pre-faulted.
-  static Segment create(int world, int rank, size_t slot_bytes, int nslots);
+  // Creates this rank's inbox for `members` (sorted global ranks that reach
+  // it over shared memory, itself included): mode 0600, pre-faulted. With no
+  // peer among the members the segment is anonymous (nothing in /dev/shm).
+  static Segment create(int world, int rank, const std::vector<int>& members, size_t slot_bytes, int nslots);
   // Maps a peer's segment by name and checks its geometry.
-  static Segment open(const std::string& name, int world, int expected_rank, size_t slot_bytes,
-                      int nslots);
+  static Segment open(const std::string& name, int world, int expected_rank, const std::vector<int>& members,
+                      size_t slot_bytes, int nslots);
+  // Whether `name` has the form create() gives names (checked before a name
+  // read from the store is used).
+  static bool valid_name(const std::string& name);
+  // Removes a segment name that is known to be orphaned (its owner failed
+  // during init). Only names of valid form are touched. Idempotent.
+  static void unlink_name(const std::string& name);
+  // Removes /dev/shm entries of this user whose owner (by the pid in the
+  // name, in this pid namespace) is gone. Returns how many were removed.
+  static int sweep_orphans();
 
   Segment() = default;
   Segment(Segment&& o) noexcept;
@@ -66,6 +113,7 @@ class Segment {
   void unlink();
 
   SegmentControl* control() const { return reinterpret_cast<SegmentControl*>(base_); }
+  // The FIFO from global rank `from` (a member other than the owner).
   FifoControl* fifo(int from) const;
   // Start of slot `i` of the FIFO from `from`: a header page, then the data area.
   char* slot(int from, uint64_t i) const;
@@ -74,15 +122,16 @@ class Segment {
 
  private:
   void reset();
-  static size_t total_bytes(int world, size_t slot_bytes, int nslots);
-  static size_t slots_offset(int world);
+  void layout(int world, int owner, const std::vector<int>& members, size_t slot_bytes, int nslots);
+  static size_t slots_offset(size_t nfifos);
 
   std::string name_;
   char* base_ = nullptr;
   size_t bytes_ = 0;
-  int world_ = 0;
   int nslots_ = 0;
   size_t stride_ = 0;
+  size_t nfifos_ = 0;
+  std::vector<int32_t> fifo_of_;  // by global rank: FIFO index, -1 when none
   bool owner_ = false;
   bool unlinked_ = true;
 };

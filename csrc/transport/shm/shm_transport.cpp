@@ -1,12 +1,14 @@
 #include "transport/shm/shm_transport.h"
 
 #include <linux/futex.h>
+#include <poll.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <csignal>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -46,9 +48,10 @@ void ring(SegmentControl* ctl) {
 // One peer: the FIFO to it lives in its inbox, the FIFO from it in ours.
 class ShmLink : public Link {
  public:
-  ShmLink(int rank, int peer, const Segment* inbox, const Segment* peer_inbox, size_t slot_bytes,
-          int nslots)
-      : rank_(rank),
+  ShmLink(ShmTransport* owner, int rank, int peer, const Segment* inbox, const Segment* peer_inbox,
+          size_t slot_bytes, int nslots)
+      : owner_(owner),
+        rank_(rank),
         peer_(peer),
         inbox_(inbox),
         peer_inbox_(peer_inbox),
@@ -61,7 +64,10 @@ class ShmLink : public Link {
 
   char* send_slot(uint32_t page_offset) override {
     uint64_t tail = out_->tail.load(std::memory_order_relaxed);
-    if (tail - out_->head.load(std::memory_order_acquire) >= nslots_) return nullptr;
+    if (tail - out_->head.load(std::memory_order_acquire) >= nslots_) {
+      owner_->check_gone(peer_);  // a full FIFO to a peer that is gone never drains
+      return nullptr;
+    }
     send_pending_ = peer_inbox_->slot(rank_, tail);
     send_offset_ = page_offset % kPage;
     return send_pending_ + kPage + send_offset_;
@@ -77,7 +83,10 @@ class ShmLink : public Link {
 
   const MsgHeader* recv_peek(const char** payload) override {
     uint64_t head = in_->head.load(std::memory_order_relaxed);
-    if (in_->tail.load(std::memory_order_acquire) == head) return nullptr;
+    if (in_->tail.load(std::memory_order_acquire) == head) {
+      owner_->check_gone(peer_);  // nothing left from a peer that is gone: nothing will come
+      return nullptr;
+    }
     const char* slot = inbox_->slot(peer_, head);
     auto* h = reinterpret_cast<const MsgHeader*>(slot);
     if (h->payload_offset >= kPage || h->nbytes > slot_bytes_) {
@@ -128,6 +137,7 @@ class ShmLink : public Link {
   }
 
  private:
+  ShmTransport* owner_;
   int rank_;
   int peer_;
   const Segment* inbox_;
@@ -141,28 +151,118 @@ class ShmLink : public Link {
 };
 
 ShmTransport::ShmTransport(int rank, int world, size_t slot_bytes, int nslots)
-    : rank_(rank),
-      world_(world),
-      slot_bytes_(slot_bytes),
-      nslots_(nslots),
-      inbox_(Segment::create(world, rank, slot_bytes, nslots)) {}
+    : rank_(rank), world_(world), slot_bytes_(slot_bytes), nslots_(nslots), pidfds_(world, -1), gone_(world) {}
 
-ShmTransport::~ShmTransport() = default;
+ShmTransport::~ShmTransport() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+std::string ShmTransport::create_inbox(const std::vector<int>& members) {
+  if (inbox_.mapped()) throw Error("ringcomm: the shared-memory inbox exists already");
+  members_ = members;
+  inbox_ = Segment::create(world_, rank_, members, slot_bytes_, nslots_);
+  return inbox_.name();
+}
+
+bool ShmTransport::reaches(int peer) const {
+  return peer >= 0 && peer < world_ && links_.size() == static_cast<size_t>(world_) && links_[peer] != nullptr;
+}
+
+namespace {
+
+int open_pidfd(int64_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+}  // namespace
 
 void ShmTransport::connect(const std::vector<std::string>& names) {
   if (static_cast<int>(names.size()) != world_) throw Error("ringcomm: connect: wrong peer count");
+  if (!inbox_.mapped()) throw Error("ringcomm: connect before the inbox was created");
   peers_.clear();
   links_.clear();
   peers_.resize(world_);
   links_.resize(world_);
+  const uint64_t my_ns = own_pid_namespace();
   for (int p = 0; p < world_; ++p) {
     if (p == rank_ || names[p].empty()) continue;  // empty: reached by another transport
-    peers_[p] = Segment::open(names[p], world_, p, slot_bytes_, nslots_);
-    links_[p] = std::make_unique<ShmLink>(rank_, p, &inbox_, &peers_[p], slot_bytes_, nslots_);
+    peers_[p] = Segment::open(names[p], world_, p, members_, slot_bytes_, nslots_);
+    links_[p] = std::make_unique<ShmLink>(this, rank_, p, &inbox_, &peers_[p], slot_bytes_, nslots_);
+    // Watch the peer's process where its pid means something here (same pid
+    // namespace) and is still the process that created the segment.
+    const SegmentControl* pc = peers_[p].control();
+    if (my_ns != 0 && pc->owner_pidns == my_ns && pc->owner_pid > 0) {
+      int fd = open_pidfd(pc->owner_pid);
+      if (fd < 0 && errno == ESRCH) {
+        gone_[p] = "rank " + std::to_string(p) + " (pid " + std::to_string(pc->owner_pid) + ") is dead";
+      } else if (fd >= 0) {
+        if (pc->owner_starttime != 0 && process_start_time(pc->owner_pid) != pc->owner_starttime) {
+          ::close(fd);  // the pid was reused: the owner is gone
+          gone_[p] = "rank " + std::to_string(p) + " (pid " + std::to_string(pc->owner_pid) + ") is dead";
+        } else {
+          pidfds_[p] = fd;
+        }
+      }
+    }
   }
 }
 
-Link* ShmTransport::link(int peer) { return links_[peer].get(); }
+Link* ShmTransport::link(int peer) {
+  ShmLink* l = links_.size() == static_cast<size_t>(world_) ? links_[peer].get() : nullptr;
+  if (!l) throw Error("ringcomm: rank " + std::to_string(rank_) + " has no shared-memory link to rank " + std::to_string(peer));
+  return l;
+}
+
+void ShmTransport::check_gone(int peer) {
+  if (!gone_[peer].empty()) throw PeerLostError(gone_[peer]);
+  const SegmentControl* pc = peers_[peer].control();
+  if (pc->aborted.load(std::memory_order_acquire)) {
+    throw PeerLostError("rank " + std::to_string(peer) + " aborted: " +
+                        std::string(pc->abort_reason, strnlen(pc->abort_reason, sizeof(pc->abort_reason))));
+  }
+  if (pc->departed.load(std::memory_order_acquire)) {
+    gone_[peer] = "rank " + std::to_string(peer) + " closed its communicator (finalize / close) while rank " +
+                  std::to_string(rank_) + " still needed it";
+    throw PeerLostError(gone_[peer]);
+  }
+}
+
+void ShmTransport::poll_peers() {
+  struct pollfd fds[64];
+  int who[64];
+  int n = 0;
+  auto flush = [&] {
+    if (n == 0) return;
+    if (::poll(fds, static_cast<nfds_t>(n), 0) > 0) {
+      for (int i = 0; i < n; ++i) {
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+          const int p = who[i];
+          gone_[p] = "rank " + std::to_string(p) + " (pid " + std::to_string(peers_[p].control()->owner_pid) +
+                     ") died: its process exited without closing the communicator";
+          ::close(pidfds_[p]);
+          pidfds_[p] = -1;
+        }
+      }
+    }
+    n = 0;
+  };
+  for (int p = 0; p < world_; ++p) {
+    if (pidfds_[p] < 0) continue;
+    fds[n].fd = pidfds_[p];
+    fds[n].events = POLLIN;
+    fds[n].revents = 0;
+    who[n++] = p;
+    if (n == 64) flush();
+  }
+  flush();
+}
 
 bool ShmTransport::probe_remote_read() {
   remote_read_ok_ = true;
@@ -177,23 +277,29 @@ void ShmTransport::sleep(Clock::time_point until, const std::function<bool()>& r
   uint32_t bell = ctl->bell.load(std::memory_order_acquire);
   ctl->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!recheck()) {
-    // Sleep in slices so deadlines and peers' abort flags are looked at.
+  if (!recheck() && !ctl->aborted.load(std::memory_order_acquire)) {
+    // Sleep in slices so deadlines, peers' flags and their processes are looked at.
     auto slice = std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(20));
     futex_wait(&ctl->bell, bell, slice);
   }
   ctl->sleeping.store(0, std::memory_order_relaxed);
 }
 
-void ShmTransport::wake() { ring(inbox_.control()); }
+void ShmTransport::wake() {
+  if (inbox_.mapped()) ring(inbox_.control());
+}
 
 void ShmTransport::announce_abort(const std::string& why) {
+  if (!inbox_.mapped()) return;
   SegmentControl* ctl = inbox_.control();
   if (ctl->aborted.load()) return;
   size_t n = std::min(why.size(), sizeof(ctl->abort_reason) - 1);
   std::memcpy(ctl->abort_reason, why.data(), n);
   ctl->abort_reason[n] = 0;
   ctl->aborted.store(1, std::memory_order_release);
+  // Wake this rank's own sleeper (a call blocked in another thread) and the peers.
+  ctl->bell.fetch_add(1);
+  futex_wake_all(&ctl->bell);
   for (int p = 0; p < world_; ++p) {
     if (p != rank_ && peers_.size() == static_cast<size_t>(world_) && peers_[p].mapped()) {
       SegmentControl* pc = peers_[p].control();
@@ -203,11 +309,66 @@ void ShmTransport::announce_abort(const std::string& why) {
   }
 }
 
+void ShmTransport::announce_departure() {
+  if (!inbox_.mapped()) return;
+  SegmentControl* ctl = inbox_.control();
+  ctl->departed.store(1, std::memory_order_release);
+  for (int p = 0; p < world_; ++p) {
+    if (p != rank_ && peers_.size() == static_cast<size_t>(world_) && peers_[p].mapped()) {
+      SegmentControl* pc = peers_[p].control();
+      pc->bell.fetch_add(1);
+      futex_wake_all(&pc->bell);
+    }
+  }
+}
+
+std::string ShmTransport::local_abort_reason() {
+  if (!inbox_.mapped()) return {};
+  SegmentControl* ctl = inbox_.control();
+  if (!ctl->aborted.load(std::memory_order_acquire)) return {};
+  return std::string(ctl->abort_reason, strnlen(ctl->abort_reason, sizeof(ctl->abort_reason)));
+}
+
 std::string ShmTransport::peer_abort_reason(int peer) {
   if (peer == rank_ || peers_.size() != static_cast<size_t>(world_) || !peers_[peer].mapped()) return {};
   SegmentControl* pc = peers_[peer].control();
   if (!pc->aborted.load(std::memory_order_acquire)) return {};
   return std::string(pc->abort_reason, strnlen(pc->abort_reason, sizeof(pc->abort_reason)));
+}
+
+void ShmTransport::record_call(const CallRecordView& call) {
+  if (!inbox_.mapped()) return;
+  CallRecord& r = inbox_.control()->last_call[call.p2p ? 1 : 0];
+  const uint32_t v = r.version.load(std::memory_order_relaxed);
+  r.version.store(v + 1, std::memory_order_relaxed);  // odd: being written
+  std::atomic_thread_fence(std::memory_order_release);
+  r.kind = call.kind;
+  r.state = call.state;
+  r.p2p = call.p2p;
+  r.peer = call.peer;
+  r.seq = call.seq;
+  r.version.store(v + 2, std::memory_order_release);
+}
+
+bool ShmTransport::peer_call(int peer, bool p2p, CallRecordView* out) {
+  if (peer == rank_ || peers_.size() != static_cast<size_t>(world_) || !peers_[peer].mapped()) return false;
+  const CallRecord& r = peers_[peer].control()->last_call[p2p ? 1 : 0];
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const uint32_t v = r.version.load(std::memory_order_acquire);
+    if (v & 1) continue;
+    CallRecordView c;
+    c.kind = r.kind;
+    c.state = r.state;
+    c.p2p = r.p2p;
+    c.peer = r.peer;
+    c.seq = r.seq;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (r.version.load(std::memory_order_relaxed) == v) {
+      *out = c;
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace ringcomm

@@ -6,6 +6,13 @@
 // sleeps on a futex "doorbell" in its own segment; a peer that publishes or
 // frees a slot rings the bell only when the flag says somebody sleeps, so the
 // fast path costs no system call.
+//
+// Failures: a peer that fails or aborts sets the abort flag of its own
+// segment; one that closes its communicator sets the departure flag; one that
+// dies is seen through a pidfd of its process (poll_peers, called by the
+// executor while it waits). A link whose peer is gone throws as soon as this
+// rank needs something from it that is not already in the FIFO, naming the
+// peer, so survivors fail in milliseconds rather than at the deadline.
 #pragma once
 
 #include <memory>
@@ -21,16 +28,20 @@ class ShmLink;
 
 class ShmTransport : public Transport {
  public:
-  // Creates this rank's inbox; peers are attached with connect().
   ShmTransport(int rank, int world, size_t slot_bytes, int nslots);
   ~ShmTransport() override;
 
+  // Creates this rank's inbox for `members` (the sorted ranks of this host
+  // that use shared memory with it, itself included) and returns its name
+  // ("" when no peer will map it). Call once, after the host census.
+  std::string create_inbox(const std::vector<int>& members);
   const std::string& segment_name() const { return inbox_.name(); }
-  // Maps the inbox of each peer (names[p]; "" for this rank and for peers
-  // that another transport reaches).
+  // Maps the inbox of each member peer (names[p]; "" for this rank and for
+  // peers that another transport reaches) and watches its process.
   void connect(const std::vector<std::string>& names);
   // Removes this rank's segment name from /dev/shm once every peer mapped it.
   void unlink() { inbox_.unlink(); }
+  bool reaches(int peer) const;
 
   Link* link(int peer) override;
   void sleep(Clock::time_point until, const std::function<bool()>& recheck) override;
@@ -41,15 +52,28 @@ class ShmTransport : public Transport {
   bool can_read_remote() override { return remote_read_ok_; }
   void announce_abort(const std::string& why) override;
   std::string peer_abort_reason(int peer) override;
+  std::string local_abort_reason() override;
+  void poll_peers() override;
+  void announce_departure() override;
+  void record_call(const CallRecordView& call) override;
+  bool peer_call(int peer, bool p2p, CallRecordView* out) override;
+
+  // Why `peer` can no longer take part ("" while it can): it died, closed
+  // its communicator, or aborted. Checked by the links when they would wait.
+  const std::string& gone_reason(int peer) const { return gone_[peer]; }
+  void check_gone(int peer);
 
  private:
   int rank_;
   int world_;
   size_t slot_bytes_;
   int nslots_;
+  std::vector<int> members_;
   Segment inbox_;
-  std::vector<Segment> peers_;  // indexed by rank; empty for this rank
+  std::vector<Segment> peers_;  // indexed by rank; unmapped for this rank and non-members
   std::vector<std::unique_ptr<ShmLink>> links_;
+  std::vector<int> pidfds_;       // by rank: a pidfd of the peer's process, -1 when none
+  std::vector<std::string> gone_;  // by rank: why the peer is gone
   bool remote_read_ok_ = false;
 };
 
