@@ -120,6 +120,9 @@ void Executor::drive(StepF&& step, DoneF&& done, const Clock::time_point& deadli
   Clock::time_point idle_since;
   enum { kSpin, kYield, kSleep } phase = kSpin;
   try {
+    // Peers that failed before this call started make it fail too, even when
+    // everything it needs from them is already here.
+    if (transport_->any_peer_aborted()) check_peers_alive();
     for (;;) {
       if (step()) {
         idle = 0;

@@ -26,6 +26,13 @@ void Router::announce_abort(const std::string& why) {
   for (Transport* t : all_) t->announce_abort(why);
 }
 
+bool Router::any_peer_aborted() {
+  for (Transport* t : all_) {
+    if (t->any_peer_aborted()) return true;
+  }
+  return false;
+}
+
 void Router::poll_peers() {
   for (Transport* t : all_) t->poll_peers();
 }

@@ -49,6 +49,9 @@ class Transport {
   virtual void announce_abort(const std::string& why) = 0;
   // Non-empty when `peer` announced an abort.
   virtual std::string peer_abort_reason(int peer) = 0;
+  // Whether some peer announced an abort (a cheap look, made at the start of
+  // every call: a call must not succeed with peers that already failed).
+  virtual bool any_peer_aborted() { return false; }
   // Non-empty once this rank announced an abort (another thread's abort()
   // must stop a call blocked in this one).
   virtual std::string local_abort_reason() { return {}; }

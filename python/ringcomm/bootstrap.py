@@ -172,33 +172,37 @@ def store_from_env(rank, world_size, timeout_s):
     )
 
 
-# Store waits are cut into slices so that Ctrl-C (delivered between slices)
-# and dead peers (`alive`) are noticed within a fraction of a second, not at
-# the timeout; a wait whose keys exist returns at once.
-_WAIT_SLICE_S = 0.1
+# Store waits poll store.check (no blocking store.wait: torch's stores log a
+# warning for every wait that times out), backing off from 1 ms to 50 ms, so
+# that Ctrl-C (delivered between polls) and dead peers (`alive`) are noticed
+# within a fraction of a second rather than at the timeout.
+_POLL_MIN_S = 0.001
+_POLL_MAX_S = 0.05
 
 
 def wait_keys(store, keys, timeout_s, what, rank, alive=None):
     """Waits until every key exists; TimeoutError names the missing ones.
-    `alive()`, when given, runs between slices and raises for a dead peer."""
+    `alive(missing_keys)`, when given, runs between polls and raises for a dead peer."""
     deadline = time.monotonic() + timeout_s
+    pause = _POLL_MIN_S
     while True:
-        left = deadline - time.monotonic()
         try:
-            store.wait(keys, timedelta(seconds=max(0.001, min(_WAIT_SLICE_S, left))))
-            return
-        except Exception as e:  # the store raises its own error type on timeout
+            if store.check(keys):
+                return
+        except Exception as e:  # noqa: BLE001 - the store's own error types
+            raise RingcommError(f"ringcomm: {what}: the store failed: {e}") from e
+        now = time.monotonic()
+        if now >= deadline:
             missing = [k for k in keys if not _has(store, k)]
-            if not missing:
-                raise RingcommError(f"ringcomm: {what}: the store failed: {e}") from e
-        if alive is not None:
-            alive(missing)
-        if time.monotonic() >= deadline:
             names = ", ".join(k.rsplit("/", 1)[-1] for k in missing)
             raise TimeoutError(
                 f"ringcomm: init on rank {rank} timed out after {timeout_s:.3g} s {what}; "
                 f"missing rank(s): {names} (did every rank call init / split?)"
             ) from None
+        if alive is not None and pause >= _POLL_MAX_S / 2:
+            alive([k for k in keys if not _has(store, k)])
+        time.sleep(min(pause, max(0.0, deadline - now)))
+        pause = min(pause * 2, _POLL_MAX_S)
 
 
 def _has(store, key):

@@ -188,6 +188,7 @@ void ShmTransport::connect(const std::vector<std::string>& names) {
   if (!inbox_.mapped()) throw Error("ringcomm: connect before the inbox was created");
   peers_.clear();
   links_.clear();
+  peer_controls_.clear();
   peers_.resize(world_);
   links_.resize(world_);
   const uint64_t my_ns = own_pid_namespace();
@@ -195,6 +196,7 @@ void ShmTransport::connect(const std::vector<std::string>& names) {
     if (p == rank_ || names[p].empty()) continue;  // empty: reached by another transport
     peers_[p] = Segment::open(names[p], world_, p, members_, slot_bytes_, nslots_);
     links_[p] = std::make_unique<ShmLink>(this, rank_, p, &inbox_, &peers_[p], slot_bytes_, nslots_);
+    peer_controls_.push_back(peers_[p].control());
     // Watch the peer's process where its pid means something here (same pid
     // namespace) and is still the process that created the segment.
     const SegmentControl* pc = peers_[p].control();
@@ -232,6 +234,13 @@ void ShmTransport::check_gone(int peer) {
                   std::to_string(rank_) + " still needed it";
     throw PeerLostError(gone_[peer]);
   }
+}
+
+bool ShmTransport::any_peer_aborted() {
+  for (const SegmentControl* pc : peer_controls_) {
+    if (pc->aborted.load(std::memory_order_relaxed)) return true;
+  }
+  return false;
 }
 
 void ShmTransport::poll_peers() {

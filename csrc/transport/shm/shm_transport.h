@@ -54,6 +54,7 @@ class ShmTransport : public Transport {
   std::string peer_abort_reason(int peer) override;
   std::string local_abort_reason() override;
   void poll_peers() override;
+  bool any_peer_aborted() override;
   void announce_departure() override;
   void record_call(const CallRecordView& call) override;
   bool peer_call(int peer, bool p2p, CallRecordView* out) override;
@@ -72,6 +73,7 @@ class ShmTransport : public Transport {
   Segment inbox_;
   std::vector<Segment> peers_;  // indexed by rank; unmapped for this rank and non-members
   std::vector<std::unique_ptr<ShmLink>> links_;
+  std::vector<const SegmentControl*> peer_controls_;  // mapped peers' controls
   std::vector<int> pidfds_;       // by rank: a pidfd of the peer's process, -1 when none
   std::vector<std::string> gone_;  // by rank: why the peer is gone
   bool remote_read_ok_ = false;
