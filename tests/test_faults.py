@@ -116,6 +116,40 @@ def _blocked_call_interrupted(ctx, how, size, fails, msgs):
     _sync(ctx, f"{how}{size}")
 
 
+def _ctrl_c_in_close(ctx, fails, msgs):
+    """close() drains an async op that no peer joins; Ctrl-C meanwhile aborts it:
+    KeyboardInterrupt within PROMPT, the communicator closed, peers fail fast."""
+    import ringcomm
+
+    comm = _new_comm(ctx)
+    r = ctx.rank
+    if r == 0:
+        comm.all_reduce(np.ones(BIG, np.float32), async_op=True)
+        fired = []
+        _later(0.3, lambda: (fired.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT)))
+        try:
+            comm.close()
+            fails.append("close: returned although its async op could not complete")
+        except KeyboardInterrupt:
+            late = time.monotonic() - fired[0]
+            msgs.append(f"Ctrl-C in close(): KeyboardInterrupt {late * 1e3:.1f} ms after SIGINT")
+            if late > PROMPT + SLACK:
+                fails.append(f"close: KeyboardInterrupt {late:.3f} s after SIGINT")
+        if "closed" not in repr(comm):
+            fails.append(f"close: after Ctrl-C the communicator is {comm!r}")
+        ctx.store.set("closec/done", "1")
+    else:
+        ctx.store.wait(["closec/done"], timedelta(seconds=60))
+        try:
+            comm.barrier()
+            fails.append(f"close: rank {r}'s barrier succeeded after rank 0 was interrupted")
+        except ringcomm.RingcommError as e:
+            if "rank 0" not in str(e):
+                fails.append(f"close: rank {r}'s error does not name rank 0: {first_line(e)}")
+        comm.close()
+    _sync(ctx, "closec")
+
+
 def _root_mismatch(ctx, op, fails, msgs):
     """Ranks disagree on the root of `op`: every rank raises CollectiveMismatchError
     (none returns), naming the roots."""
@@ -318,6 +352,7 @@ def _faults(comm, transport):
     for how in ("abort", "close", "sigint"):
         for size in sizes:
             _blocked_call_interrupted(ctx, how, size, fails, msgs)
+    _ctrl_c_in_close(ctx, fails, msgs)
     for op in ("broadcast", "reduce", "scatter", "gather"):
         _root_mismatch(ctx, op, fails, msgs)
     _split_mismatch(ctx, fails, msgs)

@@ -82,7 +82,7 @@ void bind_communicator(py::module_& m) {
       })
       .def_property_readonly("pull_enabled", &C::pull_enabled)
       .def("error", &C::error)
-      .def("close", &C::close, py::call_guard<py::gil_scoped_release>())
+      .def("close", &C::close, py::call_guard<ReleaseGil>())
       .def("abort", &C::abort, py::call_guard<py::gil_scoped_release>())
       .def("reduce_scatter", [](C& c, py::handle out, py::handle in, int op, bool async) {
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);

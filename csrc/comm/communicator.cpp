@@ -503,7 +503,11 @@ void Communicator::worker_loop() {
     // and the worker's wake-up (tens of microseconds) only matters for calls
     // left to progress in the background, which are the large ones.
     cv_.wait(lk, ready);
-    if (queue_.empty()) return;
+    if (queue_.empty()) {
+      worker_done_ = true;
+      closed_cv_.notify_all();
+      return;
+    }
     run_front(lk);
   }
 }
@@ -801,7 +805,29 @@ void Communicator::close() {
     router_.announce_abort("rank " + std::to_string(rank_) + ": " + error_);
   }
   router_.wake();
-  if (worker_.joinable()) worker_.join();
+  // The worker completes what is queued (or fails it fast once aborted).
+  // A Python caller's Ctrl-C meanwhile aborts what is left.
+  bool interrupted = false;
+  std::string interrupt_text;
+  if (worker_.joinable()) {
+    Clock::time_point last{};
+    std::unique_lock<std::mutex> l(mu_);
+    while (!worker_done_) {
+      closed_cv_.wait_for(l, kInterruptPoll);
+      if (worker_done_ || interrupted || !interrupt_check()) continue;
+      l.unlock();
+      try {
+        check_interrupted(Clock::now(), &last, "close() on rank " + std::to_string(rank_));
+      } catch (const Interrupted& e) {
+        interrupted = true;
+        interrupt_text = e.what();
+        abort(interrupt_text);
+      }
+      l.lock();
+    }
+    l.unlock();
+    worker_.join();
+  }
   // Calls that raced with close() see `closing_` and leave; aborted ones
   // leave within milliseconds.
   while (inside_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -819,6 +845,8 @@ void Communicator::close() {
   lk.lock();
   closed_ = true;
   closed_cv_.notify_all();
+  lk.unlock();
+  if (interrupted) throw Interrupted(interrupt_text);
 }
 
 void Communicator::abort(const std::string& why) {

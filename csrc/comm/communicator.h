@@ -203,6 +203,7 @@ class Communicator {
   std::thread::id issuer_;    // the thread that issued the latest call
   bool stop_ = false;
   bool closing_ = false;
+  bool worker_done_ = false;  // the worker left its loop (close)
   std::atomic<bool> closed_{false};
   std::condition_variable closed_cv_;
   std::atomic<int> inside_{0};                                                // threads in calls

@@ -194,7 +194,9 @@ def wait_keys(store, keys, timeout_s, what, rank, alive=None):
         now = time.monotonic()
         if now >= deadline:
             missing = [k for k in keys if not _has(store, k)]
-            names = ", ".join(k.rsplit("/", 1)[-1] for k in missing)
+            names = ", ".join(k.rsplit("/", 1)[-1] for k in missing[:16])
+            if len(missing) > 16:
+                names += f" and {len(missing) - 16} more"
             raise TimeoutError(
                 f"ringcomm: init on rank {rank} timed out after {timeout_s:.3g} s {what}; "
                 f"missing rank(s): {names} (did every rank call init / split?)"
