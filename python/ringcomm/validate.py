@@ -22,6 +22,7 @@ import math
 import numbers
 import operator
 import re
+import sys
 from datetime import timedelta
 
 from ringcomm.errors import RingcommError
@@ -179,8 +180,6 @@ _STORE_METHODS = ("set", "get", "wait", "check")
 def store(obj, name="store"):
     """`obj` if it can serve as the rendezvous store: a torch.distributed.Store,
     or any object with callable set, get, wait and check (TypeError otherwise)."""
-    import sys
-
     dist = sys.modules.get("torch.distributed")  # no torch import just for a check
     store_type = getattr(dist, "Store", None) if dist is not None else None
     if store_type is not None and isinstance(obj, store_type):
@@ -228,6 +227,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 class _Text(Field):
     def __init__(self, max_len, pattern, allow_empty):
         self.max_len = index(max_len, "max_len", 1)
+        if pattern is not None and not isinstance(pattern, (str, re.Pattern)):
+            raise TypeError(f"text(): pattern must be a str or a compiled regular expression, got {_got(pattern)}")
         self.pattern = re.compile(pattern) if isinstance(pattern, str) else pattern
         self.allow_empty = bool(allow_empty)
         lo = 0 if allow_empty else 1
