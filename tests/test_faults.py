@@ -65,14 +65,17 @@ def _blocked_call_interrupted(ctx, how, size, fails, msgs):
                 comm.abort("test abort")
             elif how == "close":
                 comm.close()
-            else:
+            else:  # sigint, sigint_wait
                 os.kill(os.getpid(), signal.SIGINT)
 
         _later(0.3, strike)
         t0 = time.monotonic()
         err = None
         try:
-            comm.all_reduce(x)
+            if how == "sigint_wait":  # Ctrl-C while the main thread waits for an async op
+                comm.all_reduce(x, async_op=True).wait()
+            else:
+                comm.all_reduce(x)
             fails.append(f"{how}/{size}: all_reduce returned although no peer called it")
         except KeyboardInterrupt as e:
             err = e
@@ -84,7 +87,7 @@ def _blocked_call_interrupted(ctx, how, size, fails, msgs):
             msgs.append(f"{how}/{size}: {type(err).__name__} {late * 1e3:.1f} ms after the {how}: {first_line(err)}")
             if late > PROMPT + SLACK:
                 fails.append(f"{how}/{size}: the blocked call raised {late:.3f} s after the {how} (want <= {PROMPT} s)")
-            want = KeyboardInterrupt if how == "sigint" else ringcomm.RingcommError
+            want = KeyboardInterrupt if how.startswith("sigint") else ringcomm.RingcommError
             if not isinstance(err, want):
                 fails.append(f"{how}/{size}: raised {type(err).__name__}, want {want.__name__}")
         # The communicator is now aborted (or closed): calls refuse at once.
@@ -349,7 +352,7 @@ def _faults(comm, transport):
     ctx = harness.context()
     fails, msgs = [], []
     sizes = (16, BIG) if transport == "shm" else (BIG,)
-    for how in ("abort", "close", "sigint"):
+    for how in ("abort", "close", "sigint", "sigint_wait"):
         for size in sizes:
             _blocked_call_interrupted(ctx, how, size, fails, msgs)
     _ctrl_c_in_close(ctx, fails, msgs)

@@ -164,8 +164,8 @@ def _intruders_then_join(comm):
     if r == 1:
         exchange = bootstrap.exchange
 
-        def exchange_then_knock(store, pfx, *args):
-            infos = exchange(store, pfx, *args)
+        def exchange_then_knock(store, pfx, *args, **kw):
+            infos = exchange(store, pfx, *args, **kw)
             if pfx == prefix:  # rank 0 is about to accept: knock before rank 1 dials
                 silent.append(_knock(infos, fails))
             return infos

@@ -30,11 +30,18 @@ inline bool python_interrupted() {
   return PyErr_CheckSignals() != 0;
 }
 
+// The thread that handles signals in Python (the main thread; set at import).
+unsigned long& signal_thread();
+
 // Releases the GIL for a blocking native call made from Python, and lets the
-// call's waits look at Ctrl-C (executor.h: interrupt_check).
+// call's waits look at Ctrl-C (executor.h: interrupt_check). Only the thread
+// that runs Python's signal handlers asks: another thread taking the GIL
+// every 20 ms while it waits would only slow the main thread down.
 class ReleaseGil {
  public:
-  ReleaseGil() : prev_(interrupt_check()) { set_interrupt_check(&python_interrupted); }
+  ReleaseGil() : prev_(interrupt_check()) {
+    if (PyThread_get_thread_ident() == signal_thread()) set_interrupt_check(&python_interrupted);
+  }
   ~ReleaseGil() { set_interrupt_check(prev_); }
   ReleaseGil(const ReleaseGil&) = delete;
   ReleaseGil& operator=(const ReleaseGil&) = delete;

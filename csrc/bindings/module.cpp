@@ -4,8 +4,17 @@
 
 #include "bindings/bind.h"
 
+namespace ringcomm {
+unsigned long& signal_thread() {
+  static unsigned long ident = 0;
+  return ident;
+}
+}  // namespace ringcomm
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringcomm native core (private; use the ringcomm package)";
+  ringcomm::signal_thread() =
+      pybind11::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   ringcomm::bind_errors(m);
   ringcomm::bind_types(m);
   ringcomm::bind_communicator(m);

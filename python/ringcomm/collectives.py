@@ -33,6 +33,7 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, tra
     sent.
     """
     global _default, _generation
+    config = make_config(timeout, algo, transport)
     rank = bootstrap.env_int("RANK") if rank is None else validate.index(rank, "rank")
     world_size = bootstrap.env_int("WORLD_SIZE") if world_size is None else validate.index(world_size, "world_size")
     if world_size < 1:
@@ -43,7 +44,6 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, tra
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
     if store is not None:
         validate.store(store)
-    config = make_config(timeout, algo, transport)
     if store is None:
         store = bootstrap.store_from_env(rank, world_size, config.timeout_s)
     _generation += 1
