@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "ringcomm/types.h"
@@ -236,7 +237,14 @@ void TcpTransport::connect(const std::vector<std::string>& hosts, const std::vec
   }
   if (std::find(expected.begin(), expected.end(), true) != expected.end()) {
     if (!listener_.valid()) throw Error("ringcomm: connect_tcp before listen_tcp");
-    std::vector<tcp::Fd> accepted = tcp::accept_peers(listener_.get(), me, expected, deadline);
+    tcp::AcceptStats stats;
+    std::vector<tcp::Fd> accepted = tcp::accept_peers(listener_.get(), me, expected, deadline, &stats);
+    if (stats.turned_away()) {
+      // Someone other than the job's ranks connected to this rank's port:
+      // worth one line (README.md, "Security").
+      std::fprintf(stderr, "ringcomm: rank %d turned away %llu TCP connection(s) while waiting for its peers (%s)\n",
+                   rank_, static_cast<unsigned long long>(stats.turned_away()), stats.summary().c_str());
+    }
     for (int p = 0; p < world_; ++p) {
       if (expected[p]) fds[p] = std::move(accepted[p]);
     }
