@@ -513,6 +513,7 @@ def test_seed_corpus_matches_the_encoders(tmp_path):
         assert made == committed, f"fuzz/corpus/{t} differs from what make_seeds writes: run fuzz/build.sh"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("clang++") is None, reason="needs clang++ with libFuzzer (apt-get install -y clang)")
 def test_fuzz_targets_build_and_run_10s(tmp_path):
     """fuzz/build.sh (libFuzzer + ASan + UBSan), then each target for ~10 s from a
