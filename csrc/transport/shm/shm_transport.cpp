@@ -1,4 +1,5 @@
 #include "transport/shm/shm_transport.h"
+#include "transport/shm/segment_header.h"
 
 #include <linux/futex.h>
 #include <poll.h>
@@ -89,9 +90,7 @@ class ShmLink : public Link {
     }
     const char* slot = inbox_->slot(peer_, head);
     auto* h = reinterpret_cast<const MsgHeader*>(slot);
-    if (h->payload_offset >= kPage || h->nbytes > slot_bytes_) {
-      throw Error("ringcomm: corrupt segment header from rank " + std::to_string(peer_));
-    }
+    check_segment_header(*h, slot_bytes_, peer_);
     *payload = slot + kPage + h->payload_offset;
     return h;
   }

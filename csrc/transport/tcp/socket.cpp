@@ -72,7 +72,7 @@ Fd listen_on(const std::string& host, int* port) {
     }
     int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 128) != 0) {
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 4096) != 0) {
       why = errno_text(errno);
       continue;
     }
@@ -153,7 +153,7 @@ std::string read_exact(int fd, void* buf, size_t n, Clock::time_point deadline) 
       n -= static_cast<size_t>(got);
       continue;
     }
-    if (got == 0) return "connection closed by the other end";
+    if (got == 0) return kClosedByPeer;
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return errno_text(errno);
     if (!wait_for(fd, POLLIN, deadline)) return "timed out";

@@ -37,6 +37,10 @@ std::string errno_text(int err);
 
 // A non-blocking listening socket on `host` (a numeric IPv4 or IPv6 address;
 // "" for every IPv4 interface), on a port the kernel picks; *port gets it.
+// Its accept queue is as long as the kernel allows (net.core.somaxconn), so
+// strangers that connect before the rank accepts do not crowd a real peer's
+// connection out of it (the kernel would drop its SYN, and its connect would
+// wait for a retransmission).
 Fd listen_on(const std::string& host, int* port);
 
 // A connected, non-blocking socket to host:port (numeric address or name),
@@ -49,9 +53,12 @@ Fd accept_from(int listener);
 
 void set_nodelay(int fd);
 
+// What read_exact returns when the other end closed the connection.
+constexpr const char* kClosedByPeer = "connection closed by the other end";
+
 // Exact transfers on a non-blocking socket, waiting in poll() until `deadline`.
-// Return "" on success, otherwise what went wrong ("timed out", "connection
-// closed", strerror).
+// Return "" on success, otherwise what went wrong ("timed out", kClosedByPeer,
+// strerror).
 std::string read_exact(int fd, void* buf, size_t n, Clock::time_point deadline);
 std::string write_all(int fd, const void* buf, size_t n, Clock::time_point deadline);
 

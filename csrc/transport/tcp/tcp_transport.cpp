@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "ringcomm/types.h"
@@ -34,8 +35,6 @@ constexpr auto kAbortGrace = std::chrono::seconds(1);
 // kernel already (they survive the process). Larger ones stream from the
 // I/O thread, in parallel with the executor filling the next slot.
 constexpr uint32_t kInlineBytes = 64 * 1024;
-
-size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
 // Printable text from bytes a peer sent.
 std::string printable(const std::string& s) {
@@ -63,7 +62,7 @@ class TcpLink : public Link {
         name_(tcp::peer_name(fd_.get())),
         slot_bytes_(slot_bytes),
         n_(static_cast<uint64_t>(nslots)),
-        stride_(round_up(slot_bytes, kPageBytes) + kPageBytes),
+        stride_(tcp::slot_stride(slot_bytes)),
         out_hdr_(nslots),
         in_hdr_(nslots) {
     mem_bytes_ = 2 * n_ * stride_;
@@ -97,12 +96,7 @@ class TcpLink : public Link {
   void send_commit(const MsgHeader& header) override {
     const uint64_t tail = out_tail_.load(std::memory_order_relaxed);
     FrameHeader& f = out_hdr_[tail % n_];
-    f = FrameHeader{};
-    f.type = tcp::kData;
-    f.nbytes = header.nbytes;
-    f.payload_offset = send_offset_;
-    f.segment = header.segment;
-    f.tag = header.tag;
+    f = tcp::data_frame(header, send_offset_);
     out_tail_.store(tail + 1, std::memory_order_release);
     if (f.nbytes <= kInlineBytes && owner_->send_now(*this, tail)) return;
     owner_->notify_io();
@@ -191,7 +185,8 @@ class TcpLink : public Link {
   bool in_ready_ = true;
   bool eof_ = false;
   enum { kHeader, kPayload, kReason, kSkip } rstate_ = kHeader;
-  FrameHeader rhdr_;
+  char rbytes_[sizeof(FrameHeader)];  // the header being read, as it came
+  FrameHeader rhdr_;                  // ... and decoded (tcp::decode_frame)
   size_t rgot_ = 0;
   char* rdst_ = nullptr;
   size_t rleft_ = 0;
@@ -242,7 +237,14 @@ void TcpTransport::connect(const std::vector<std::string>& hosts, const std::vec
   }
   if (std::find(expected.begin(), expected.end(), true) != expected.end()) {
     if (!listener_.valid()) throw Error("ringcomm: connect_tcp before listen_tcp");
-    std::vector<tcp::Fd> accepted = tcp::accept_peers(listener_.get(), me, expected, deadline);
+    tcp::AcceptStats stats;
+    std::vector<tcp::Fd> accepted = tcp::accept_peers(listener_.get(), me, expected, deadline, &stats);
+    if (stats.turned_away()) {
+      // Someone other than the job's ranks connected to this rank's port:
+      // worth one line (README.md, "Security").
+      std::fprintf(stderr, "ringcomm: rank %d turned away %llu TCP connection(s) while waiting for its peers (%s)\n",
+                   rank_, static_cast<unsigned long long>(stats.turned_away()), stats.summary().c_str());
+    }
     for (int p = 0; p < world_; ++p) {
       if (expected[p]) fds[p] = std::move(accepted[p]);
     }
@@ -450,7 +452,7 @@ bool TcpTransport::pump_in(TcpLink& l) {
     if (l.rstate_ == TcpLink::kHeader && !discard && !l.in_has_room()) break;
     switch (l.rstate_) {
       case TcpLink::kHeader:
-        dst = reinterpret_cast<char*>(&l.rhdr_) + l.rgot_;
+        dst = l.rbytes_ + l.rgot_;
         want = sizeof(FrameHeader) - l.rgot_;
         break;
       case TcpLink::kPayload:
@@ -484,7 +486,7 @@ bool TcpTransport::pump_in(TcpLink& l) {
       if (l.rgot_ < sizeof(FrameHeader)) continue;
       l.rgot_ = 0;
       const FrameHeader& f = l.rhdr_;
-      std::string why = tcp::check_frame(f, slot_bytes_);
+      std::string why = tcp::decode_frame(l.rbytes_, sizeof l.rbytes_, slot_bytes_, &l.rhdr_);
       if (why.empty() && l.state_.load(std::memory_order_relaxed) == TcpLink::kPeerClosed) {
         why = "a frame after its goodbye";
       }
@@ -577,20 +579,11 @@ void TcpTransport::io_loop() {
       if (aborting && !l.abort_queued_) {
         l.abort_queued_ = true;
         l.abort_deadline_ = now + kAbortGrace;
-        if (!l.done_writing_ && l.coff_ == 0) {
-          std::string why = local_abort().substr(0, tcp::kMaxReasonBytes);
-          FrameHeader f;
-          f.type = tcp::kAbort;
-          f.nbytes = static_cast<uint32_t>(why.size());
-          l.ctrl_.assign(reinterpret_cast<const char*>(&f), sizeof f);
-          l.ctrl_ += why;
-        }
+        if (!l.done_writing_ && l.coff_ == 0) l.ctrl_ = tcp::control_frame(tcp::kAbort, local_abort());
       }
       if (stopping && !aborting && !l.close_queued_ && l.ctrl_.empty() && l.woff_ == 0 && !l.out_pending()) {
         l.close_queued_ = true;  // everything queued is in the kernel: say goodbye
-        FrameHeader f;
-        f.type = tcp::kClose;
-        l.ctrl_.assign(reinterpret_cast<const char*>(&f), sizeof f);
+        l.ctrl_ = tcp::control_frame(tcp::kClose);
       }
       moved |= pump_out(l);
       if (l.abort_queued_ && !l.done_writing_ && now > l.abort_deadline_) {

@@ -1,5 +1,8 @@
 #include "transport/tcp/wire.h"
 
+#include <algorithm>
+#include <cstring>
+
 namespace ringcomm {
 namespace tcp {
 namespace {
@@ -53,6 +56,34 @@ std::string check_frame(const FrameHeader& f, size_t slot_bytes) {
     default:
       return "unknown frame type " + num(f.type);
   }
+}
+
+FrameHeader data_frame(const MsgHeader& m, uint32_t payload_offset) {
+  FrameHeader f;
+  f.type = kData;
+  f.nbytes = m.nbytes;
+  f.payload_offset = payload_offset;
+  f.segment = m.segment;
+  f.tag = m.tag;
+  return f;
+}
+
+std::string control_frame(FrameType type, const std::string& reason) {
+  FrameHeader f;
+  f.type = type;
+  const size_t n = type == kAbort ? std::min<size_t>(reason.size(), kMaxReasonBytes) : 0;
+  f.nbytes = static_cast<uint32_t>(n);
+  std::string out(reinterpret_cast<const char*>(&f), sizeof f);
+  out.append(reason, 0, n);
+  return out;
+}
+
+std::string decode_frame(const void* bytes, size_t n, size_t slot_bytes, FrameHeader* out) {
+  if (n != sizeof(FrameHeader)) {
+    return "a frame header of " + num(n) + " bytes, expected " + num(sizeof(FrameHeader));
+  }
+  std::memcpy(out, bytes, sizeof(FrameHeader));
+  return check_frame(*out, slot_bytes);
 }
 
 bool same_secret(const char* a, const char* b) {

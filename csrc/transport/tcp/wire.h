@@ -11,6 +11,10 @@
 //
 // Both ends run the same build (the Hello checks the version and the frame
 // size), so the structs travel as they are laid out in memory.
+//
+// Everything here is pure (bytes in, a struct or the reason for refusing it
+// out): the transport parses what it reads with these functions and nothing
+// else, and fuzz/ runs them under AddressSanitizer.
 #pragma once
 
 #include <cstddef>
@@ -62,6 +66,27 @@ std::string check_hello(const Hello& h, int me, int world, int expect_from, size
 // Empty when a frame header read from a socket may be acted on by a rank
 // whose slots hold `slot_bytes`; otherwise what is wrong with it.
 std::string check_frame(const FrameHeader& f, size_t slot_bytes);
+
+// Bytes of one receive slot: a DATA payload of at most slot_bytes starts at
+// offset payload_offset (<= kMaxPayloadOffset) within it, so a header that
+// passed check_frame never points past its slot.
+constexpr size_t kSlotPage = 4096;
+inline size_t slot_stride(size_t slot_bytes) {
+  return (slot_bytes + kSlotPage - 1) / kSlotPage * kSlotPage + kSlotPage;
+}
+static_assert(kMaxPayloadOffset < kSlotPage, "a payload must start within the slot's page of slack");
+
+// The frame header that carries one segment (what TcpLink::send_commit queues).
+FrameHeader data_frame(const MsgHeader& m, uint32_t payload_offset);
+// An ABORT frame with its reason (cut to kMaxReasonBytes), or a CLOSE frame
+// (the reason is ignored): header and payload, ready to send.
+std::string control_frame(FrameType type, const std::string& reason = {});
+
+// Decodes the `n` bytes read from a socket as a frame header (n must be
+// sizeof(FrameHeader)) for a rank whose slots hold `slot_bytes`. Empty and
+// *out set when the header may be acted on; otherwise what is wrong with it
+// (*out is then unspecified).
+std::string decode_frame(const void* bytes, size_t n, size_t slot_bytes, FrameHeader* out);
 
 // Constant-time comparison (a secret must not leak through timing).
 bool same_secret(const char* a, const char* b);
