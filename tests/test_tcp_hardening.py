@@ -240,8 +240,8 @@ def _join_under_siege(comm, workdir):
     fails, marks = [], {}
     exchange = bootstrap.exchange
 
-    def exchange_then_wait(store, pfx, *args):
-        infos = exchange(store, pfx, *args)
+    def exchange_then_wait(store, pfx, *args, **kw):
+        infos = exchange(store, pfx, *args, **kw)
         if pfx == prefix:
             if r == 0:
                 _touch(os.path.join(workdir, "targets.json"),
@@ -398,8 +398,8 @@ def _join_late(comm, workdir):
     r = ctx.rank
     exchange = bootstrap.exchange
 
-    def exchange_then_wait(store, pfx, *args):
-        infos = exchange(store, pfx, *args)
+    def exchange_then_wait(store, pfx, *args, **kw):
+        infos = exchange(store, pfx, *args, **kw)
         if pfx == "late":
             if r == 0:
                 _touch(os.path.join(workdir, "targets.json"),
