@@ -89,7 +89,7 @@ _SEEN = set()  # in a rank: every ringcomm segment name it has had mapped
 def _mapped_segments():
     """Names of the ringcomm segments mapped into this process (also once unlinked)."""
     with open("/proc/self/maps") as f:
-        names = set(re.findall(r"/(ringcomm-[0-9a-f]+)", f.read()))
+        names = set(re.findall(r"/(ringcomm-[0-9a-f-]+)", f.read()))
     _SEEN.update(names)
     return names
 
