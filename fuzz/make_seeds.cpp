@@ -75,6 +75,8 @@ std::string patched(std::string frame, size_t at, const void* v, size_t n) {
   return frame;
 }
 
+std::string good_status_tail() { return data(segment(8, 0), 0); }
+
 void frames() {
   const size_t def = 128 * 1024;
   const std::string d = std::string(1, slot_index(def));
@@ -85,6 +87,15 @@ void frames() {
   write("frame", "ok-abort", d + tcp::control_frame(tcp::kAbort, "rank 1 aborted: fuzz seed"));
   write("frame", "ok-abort-longest", d + tcp::control_frame(tcp::kAbort, std::string(5000, 'r')));
   write("frame", "ok-close", d + tcp::control_frame(tcp::kClose));
+  ringcomm::CallRecordView coll, p2p;
+  coll.kind = 0;
+  coll.state = 3;
+  coll.seq = 41;
+  p2p.p2p = 1;
+  p2p.state = 2;
+  p2p.peer = 3;
+  p2p.seq = 7;
+  write("frame", "ok-status", d + tcp::status_query() + tcp::status_report(coll, p2p) + good_status_tail());
   write("frame", "ok-tiny-slot-full", std::string(1, slot_index(64)) + data(segment(64, 0), 4095));
   write("frame", "ok-odd-slot", std::string(1, slot_index(4160)) + data(segment(4160, 3), 4095));
   write("frame", "more-truncated-payload", d + data(segment(1000, 0), 0).substr(0, 48 + 10));
@@ -103,6 +114,8 @@ void frames() {
   write("frame", "bad-close-with-payload",
         d + patched(tcp::control_frame(tcp::kClose), offsetof(tcp::FrameHeader, nbytes), &one, 4) + "x");
   write("frame", "bad-frame-after-close", d + tcp::control_frame(tcp::kClose) + good);
+  write("frame", "bad-status-with-payload",
+        d + patched(tcp::status_query(), offsetof(tcp::FrameHeader, nbytes), &one, 4) + "x");
   write("frame", "bad-not-a-frame", d + "GET / HTTP/1.0\r\n\r\n" + std::string(64, 'x'));
 }
 

@@ -361,8 +361,7 @@ def _faults(comm, transport):
     _split_mismatch(ctx, fails, msgs)
     _two_threads(ctx, fails, msgs)
     _two_threads_racing(ctx, fails, msgs)
-    if transport == "shm":  # the peers' records live in their shared segments
-        _timeout_says_what_peers_did(ctx, fails, msgs)
+    _timeout_says_what_peers_did(ctx, fails, msgs)
     return {"fails": fails, "msgs": msgs}
 
 

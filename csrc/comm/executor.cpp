@@ -309,6 +309,7 @@ void Executor::periodic_checks(Clock::time_point now, bool waiting) {
 
 std::string Executor::peers_activity(const CallInfo& info) const {
   if (info.kind < 0) return {};
+  transport_->request_peer_calls();  // peers over TCP answer within a few round trips
   std::string out;
   int listed = 0;
   const bool p2p = info.p2p_peer >= 0;

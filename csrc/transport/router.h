@@ -33,7 +33,12 @@ class Router : public Transport {
   void poll_peers() override;
   bool any_peer_aborted() override;
   void announce_departure() override;
-  void record_call(const CallRecordView& call) override { home_->record_call(call); }
+  void record_call(const CallRecordView& call) override {
+    for (Transport* t : all_) t->record_call(call);
+  }
+  void request_peer_calls() override {
+    for (Transport* t : all_) t->request_peer_calls();
+  }
   bool peer_call(int peer, bool p2p, CallRecordView* out) override { return routes_[peer]->peer_call(peer, p2p, out); }
 
  private:

@@ -63,6 +63,9 @@ class Transport {
   // Publishes this rank's last call / reads a peer's last collective or last
   // point-to-point call (false when unknown).
   virtual void record_call(const CallRecordView&) {}
+  // Asks every peer this transport reaches for its last calls at once (the
+  // answers are then read with peer_call), for a timeout message.
+  virtual void request_peer_calls() {}
   virtual bool peer_call(int, bool /*p2p*/, CallRecordView*) { return false; }
 };
 

@@ -176,6 +176,13 @@ class TcpLink : public Link {
   size_t woff_ = 0;             // bytes of frame out_head_ already sent
   std::string ctrl_;            // ABORT / CLOSE frame to send at the next frame boundary
   size_t coff_ = 0;
+  std::string status_out_;      // STATUS frames to send at the next frame boundary (not final)
+  size_t soff_ = 0;
+  // The peer's last STATUS REPORT (guarded by status_mu_), counted by status_seen_.
+  std::mutex status_mu_;
+  CallRecordView peer_calls_[2];
+  std::atomic<uint64_t> status_seen_{0};
+  uint64_t status_asked_ = 0;   // status_seen_ when the last query was sent (requesting thread)
   std::atomic<bool> done_writing_{false};  // goodbye or abort sent (write side shut), or failed
   bool out_ready_ = true;       // (io) the socket took everything so far (edge-triggered epoll)
   bool abort_queued_ = false;   // (io)
@@ -302,6 +309,43 @@ void TcpTransport::announce_abort(const std::string& why) {
   }
 }
 
+void TcpTransport::record_call(const CallRecordView& call) {
+  std::lock_guard<std::mutex> lk(mu_);
+  my_calls_[call.p2p ? 1 : 0] = call;
+}
+
+namespace {
+constexpr auto kStatusWait = std::chrono::milliseconds(300);
+}  // namespace
+
+void TcpTransport::request_peer_calls() {
+  bool any = false;
+  for (auto& lp : links_) {
+    if (!lp || !lp->fd_.valid() || lp->done_writing_) continue;
+    TcpLink& l = *lp;
+    l.status_asked_ = l.status_seen_.load(std::memory_order_acquire);
+    std::lock_guard<std::mutex> wlk(l.wmu_);
+    if (l.status_out_.size() < 64 * sizeof(FrameHeader)) l.status_out_ += tcp::status_query();
+    any = true;
+  }
+  status_deadline_ = Clock::now() + kStatusWait;
+  if (any) notify_io();
+}
+
+bool TcpTransport::peer_call(int peer, bool p2p, CallRecordView* out) {
+  if (!reaches(peer) || status_deadline_ == Clock::time_point{}) return false;
+  TcpLink& l = *links_[peer];
+  while (l.status_seen_.load(std::memory_order_acquire) == l.status_asked_) {
+    if (Clock::now() >= status_deadline_ || l.state_.load(std::memory_order_acquire) == TcpLink::kFailed) {
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::lock_guard<std::mutex> lk(l.status_mu_);
+  *out = l.peer_calls_[p2p ? 1 : 0];
+  return true;
+}
+
 std::string TcpTransport::peer_abort_reason(int peer) {
   if (!reaches(peer)) return {};
   return links_[peer]->failure();
@@ -341,7 +385,7 @@ void TcpTransport::on_eof(TcpLink& l, int err) {
 bool TcpTransport::send_now(TcpLink& l, uint64_t i) {
   std::unique_lock<std::mutex> lk(l.wmu_, std::try_to_lock);
   if (!lk.owns_lock() || l.done_writing_.load(std::memory_order_relaxed) || !l.fd_.valid() ||
-      aborted_.load(std::memory_order_relaxed) || l.woff_ != 0 || l.coff_ < l.ctrl_.size() ||
+      aborted_.load(std::memory_order_relaxed) || l.woff_ != 0 || l.soff_ != 0 || l.coff_ < l.ctrl_.size() ||
       l.out_head_.load(std::memory_order_relaxed) != i) {
     return false;
   }
@@ -367,6 +411,29 @@ bool TcpTransport::pump_out(TcpLink& l) {
   const bool aborting = aborted_.load(std::memory_order_relaxed);
   bool moved = false;
   for (int round = 0; round < 8 && !l.done_writing_; ++round) {
+    if (l.woff_ == 0 && l.coff_ == 0 && l.soff_ < l.status_out_.size()) {
+      // STATUS frames go between frames; nothing else starts before they are out.
+      ssize_t put = ::send(l.fd_.get(), l.status_out_.data() + l.soff_, l.status_out_.size() - l.soff_,
+                           MSG_NOSIGNAL);
+      if (put < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          l.out_ready_ = false;
+        } else {
+          on_eof(l, errno);
+          l.done_writing_ = true;
+        }
+        break;
+      }
+      moved = true;
+      l.soff_ += static_cast<size_t>(put);
+      if (l.soff_ == l.status_out_.size()) {
+        l.status_out_.clear();
+        l.soff_ = 0;
+      }
+      continue;
+    }
+    if (l.soff_ != 0) break;
     struct iovec iov[kMaxIov];
     int n = 0;
     const bool ctrl = l.woff_ == 0 && l.coff_ < l.ctrl_.size();
@@ -521,6 +588,27 @@ bool TcpTransport::pump_in(TcpLink& l) {
         l.rreason_.assign(f.nbytes, '\0');
         l.rleft_ = f.nbytes;
         l.rstate_ = TcpLink::kReason;
+      } else if (f.type == tcp::kStatusQuery) {
+        CallRecordView coll, p2p;
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          coll = my_calls_[0];
+          p2p = my_calls_[1];
+        }
+        {
+          std::lock_guard<std::mutex> wlk(l.wmu_);
+          if (!l.done_writing_ && l.status_out_.size() < 64 * sizeof(FrameHeader)) {
+            l.status_out_ += tcp::status_report(coll, p2p);
+          }
+        }
+        continue;
+      } else if (f.type == tcp::kStatusReport) {
+        {
+          std::lock_guard<std::mutex> lk(l.status_mu_);
+          tcp::read_status_report(f, &l.peer_calls_[0], &l.peer_calls_[1]);
+        }
+        l.status_seen_.fetch_add(1, std::memory_order_release);
+        continue;
       } else {  // kClose
         int open = TcpLink::kOpen;
         l.state_.compare_exchange_strong(open, TcpLink::kPeerClosed, std::memory_order_release);
@@ -555,7 +643,7 @@ bool TcpTransport::has_work() {
     TcpLink& l = *lp;
     if (l.out_ready_ && !l.done_writing_) {
       std::lock_guard<std::mutex> wlk(l.wmu_);
-      if (l.woff_ || l.coff_ < l.ctrl_.size()) return true;
+      if (l.woff_ || l.coff_ < l.ctrl_.size() || l.soff_ < l.status_out_.size()) return true;
       if (!aborting && l.out_pending()) return true;
     }
     if (l.in_ready_ && !l.eof_ && (discard || l.in_has_room())) return true;

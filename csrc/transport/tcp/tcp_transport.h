@@ -73,6 +73,12 @@ class TcpTransport : public Transport {
   void wake() override { home_->wake(); }
   void announce_abort(const std::string& why) override;
   std::string peer_abort_reason(int peer) override;
+  // This rank's last calls (answered to STATUS QUERY frames by the I/O
+  // thread), and a peer's, asked for by request_peer_calls and waited for
+  // (at most kStatusWait from the request) by peer_call.
+  void record_call(const CallRecordView& call) override;
+  void request_peer_calls() override;
+  bool peer_call(int peer, bool p2p, CallRecordView* out) override;
 
   // Called by the links after a commit or a release: wakes the I/O thread
   // if it sleeps.
@@ -108,6 +114,8 @@ class TcpTransport : public Transport {
   Clock::time_point close_deadline_;
   mutable std::mutex mu_;
   std::string abort_reason_;  // guarded by mu_
+  CallRecordView my_calls_[2];  // guarded by mu_: [0] collective, [1] point-to-point
+  Clock::time_point status_deadline_{};
 };
 
 }  // namespace ringcomm

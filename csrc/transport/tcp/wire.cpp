@@ -53,6 +53,10 @@ std::string check_frame(const FrameHeader& f, size_t slot_bytes) {
     case kClose:
       if (f.nbytes != 0) return "a goodbye frame with " + num(f.nbytes) + " payload bytes";
       return {};
+    case kStatusQuery:
+    case kStatusReport:
+      if (f.nbytes != 0) return "a status frame with " + num(f.nbytes) + " payload bytes";
+      return {};
     default:
       return "unknown frame type " + num(f.type);
   }
@@ -66,6 +70,42 @@ FrameHeader data_frame(const MsgHeader& m, uint32_t payload_offset) {
   f.segment = m.segment;
   f.tag = m.tag;
   return f;
+}
+
+std::string status_query() {
+  FrameHeader f;
+  f.type = kStatusQuery;
+  return std::string(reinterpret_cast<const char*>(&f), sizeof f);
+}
+
+// The report's fields: tag.kind / tag.redop / segment: the last collective's
+// kind, state and seq; tag.algo / tag.dtype / tag.root / tag.count: the last
+// point-to-point call's direction, state, peer and seq.
+std::string status_report(const CallRecordView& coll, const CallRecordView& p2p) {
+  FrameHeader f;
+  f.type = kStatusReport;
+  f.tag.kind = coll.kind;
+  f.tag.redop = coll.state;
+  f.segment = coll.seq;
+  f.tag.algo = p2p.p2p;
+  f.tag.dtype = p2p.state;
+  f.tag.root = p2p.peer;
+  f.tag.count = p2p.seq;
+  f.payload_offset = p2p.kind;
+  return std::string(reinterpret_cast<const char*>(&f), sizeof f);
+}
+
+void read_status_report(const FrameHeader& f, CallRecordView* coll, CallRecordView* p2p) {
+  *coll = CallRecordView{};
+  coll->kind = f.tag.kind;
+  coll->state = f.tag.redop;
+  coll->seq = f.segment;
+  *p2p = CallRecordView{};
+  p2p->p2p = f.tag.algo;
+  p2p->state = f.tag.dtype;
+  p2p->peer = f.tag.root;
+  p2p->seq = f.tag.count;
+  p2p->kind = static_cast<uint8_t>(f.payload_offset);
 }
 
 std::string control_frame(FrameType type, const std::string& reason) {

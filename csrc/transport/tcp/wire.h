@@ -7,7 +7,10 @@
 //   Hello                  who is calling whom, with the geometry both must share
 // Then a stream of frames, each a FrameHeader followed by `nbytes` payload
 // bytes: DATA (one segment of a Link), ABORT (the sender failed; the payload
-// is its reason) and CLOSE (an orderly goodbye; nothing follows).
+// is its reason), CLOSE (an orderly goodbye; nothing follows), and STATUS
+// QUERY / STATUS REPORT (no payload: a rank that timed out asks what its peer
+// was doing; the peer's I/O thread answers with its last calls, carried in
+// the header's fields, see status_report).
 //
 // Both ends run the same build (the Hello checks the version and the frame
 // size), so the structs travel as they are laid out in memory.
@@ -22,6 +25,7 @@
 #include <string>
 
 #include "transport/link.h"
+#include "transport/transport.h"  // CallRecordView
 
 namespace ringcomm {
 namespace tcp {
@@ -45,7 +49,7 @@ struct Hello {
 };
 static_assert(sizeof(Hello) == 40, "Hello is part of the wire format");
 
-enum FrameType : uint8_t { kData = 1, kAbort = 2, kClose = 3 };
+enum FrameType : uint8_t { kData = 1, kAbort = 2, kClose = 3, kStatusQuery = 4, kStatusReport = 5 };
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -81,6 +85,13 @@ FrameHeader data_frame(const MsgHeader& m, uint32_t payload_offset);
 // An ABORT frame with its reason (cut to kMaxReasonBytes), or a CLOSE frame
 // (the reason is ignored): header and payload, ready to send.
 std::string control_frame(FrameType type, const std::string& reason = {});
+
+// A STATUS QUERY frame, and the STATUS REPORT of a rank whose last collective
+// and last point-to-point calls are `coll` and `p2p`; read_status_report
+// gives them back (fields are only displayed, never used as sizes).
+std::string status_query();
+std::string status_report(const CallRecordView& coll, const CallRecordView& p2p);
+void read_status_report(const FrameHeader& f, CallRecordView* coll, CallRecordView* p2p);
 
 // Decodes the `n` bytes read from a socket as a frame header (n must be
 // sizeof(FrameHeader)) for a rank whose slots hold `slot_bytes`. Empty and
