@@ -373,3 +373,60 @@ def test_faults_end_in_clear_errors(transport):
         for m in out["msgs"]:
             print(f"rank {r}: {m}")
     harness.assert_no_failures([out["fails"] for out in res])
+
+
+def _ctrl_c_during_init(comm):
+    """Ctrl-C while init waits: for the census in the store (rank 1 has not come),
+    and for a TCP connection (rank 1 stalls after the census). KeyboardInterrupt
+    within PROMPT each time, nothing left behind."""
+    import ringcomm
+    from ringcomm import bootstrap
+
+    ctx = harness.context()
+    r = ctx.rank
+    fails, msgs = [], []
+    for phase in ("census", "tcp connect"):
+        if r == 0:
+            fired = []
+            _later(0.5, lambda: (fired.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT)))
+            try:
+                ringcomm.init(rank=0, world_size=2, store=ctx.store, timeout=60, transport="tcp")
+                fails.append(f"{phase}: init returned")
+            except KeyboardInterrupt:
+                late = time.monotonic() - fired[0]
+                msgs.append(f"Ctrl-C during init ({phase}): KeyboardInterrupt {late * 1e3:.1f} ms after SIGINT")
+                if late > PROMPT + SLACK:
+                    fails.append(f"{phase}: KeyboardInterrupt {late:.3f} s after SIGINT")
+            except Exception as e:  # noqa: BLE001
+                fails.append(f"{phase}: init raised {type(e).__name__}: {first_line(e)}")
+            ctx.store.set(f"initc/{phase}", "1")
+        else:
+            if phase == "census":
+                ctx.store.wait([f"initc/{phase}"], timedelta(seconds=60))
+                ringcomm.collectives._generation += 1  # rank 0 used up this communicator's name
+            else:
+                real = bootstrap.exchange
+
+                def stall_after_census(store, prefix, *a, **kw):
+                    got = real(store, prefix, *a, **kw)
+                    if "/" not in prefix.split("ringcomm/", 1)[-1]:  # the census
+                        store.wait([f"initc/{phase}"], timedelta(seconds=60))
+                        raise RuntimeError("rank 1 gives up (the test)")
+                    return got
+
+                bootstrap.exchange = stall_after_census
+                try:
+                    ringcomm.init(rank=1, world_size=2, store=ctx.store, timeout=60, transport="tcp")
+                except RuntimeError:
+                    pass
+                bootstrap.exchange = real
+        _sync(ctx, f"initc-{phase}")
+    return {"fails": fails, "msgs": msgs}
+
+
+def test_ctrl_c_during_init():
+    res = harness.run_ranks(_ctrl_c_during_init, 2, init=False, hard_timeout=120)
+    for r, out in enumerate(res):
+        for m in out["msgs"]:
+            print(f"rank {r}: {m}")
+    harness.assert_no_failures([out["fails"] for out in res])

@@ -27,20 +27,6 @@ void relax_cpu() {
 void yield_cpu() { sched_yield(); }
 
 namespace {
-thread_local InterruptCheck g_interrupt_check = nullptr;
-}  // namespace
-
-InterruptCheck interrupt_check() { return g_interrupt_check; }
-void set_interrupt_check(InterruptCheck check) { g_interrupt_check = check; }
-
-void check_interrupted(Clock::time_point now, Clock::time_point* last, const std::string& what) {
-  InterruptCheck check = g_interrupt_check;
-  if (!check || now - *last < kInterruptPoll) return;
-  *last = now;
-  if (check()) throw Interrupted("ringcomm: " + what + " was interrupted (KeyboardInterrupt); the communicator is aborted");
-}
-
-namespace {
 
 // Steps beyond the first incomplete one that a pass looks at. The FIFO order
 // rule blocks anything further anyway; this bounds the cost of a pass.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "algo/step.h"
+#include "ringcomm/interrupt.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/types.h"
 #include "transport/transport.h"
@@ -34,16 +35,7 @@ struct CallInfo {
   int p2p_peer = -1;  // point-to-point calls: the peer (seq counts messages to/from it)
 };
 
-// Asks whether the calling thread was interrupted (Ctrl-C): set by the Python
-// bindings for the threads that call in from Python, null elsewhere (the
-// worker). Called at most every kInterruptPoll while a call waits or runs.
-using InterruptCheck = bool (*)();
-InterruptCheck interrupt_check();
-void set_interrupt_check(InterruptCheck check);
-constexpr std::chrono::milliseconds kInterruptPoll{20};
-// Throws Interrupted when the calling thread's interrupt check says so
-// (rate-limited through *last); `what` names the call for the message.
-void check_interrupted(Clock::time_point now, Clock::time_point* last, const std::string& what);
+
 
 class Executor {
  public:

@@ -1,5 +1,7 @@
 #include "transport/tcp/handshake.h"
 
+#include "ringcomm/interrupt.h"
+
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -200,9 +202,11 @@ std::vector<Fd> accept_peers(int listener, const Identity& me, const std::vector
     }
   };
   const Clock::time_point start = Clock::now();
+  Clock::time_point last_interrupt_check{};
   std::vector<struct pollfd> fds;
   while (missing > 0) {
     const Clock::time_point now = Clock::now();
+    check_interrupted(now, &last_interrupt_check, "waiting for TCP connections");
     if (now >= deadline) {
       std::string who;
       for (int p = 0; p < me.world; ++p) {
@@ -224,7 +228,7 @@ std::vector<Fd> accept_peers(int listener, const Identity& me, const std::vector
     fds.clear();
     fds.push_back({listener, POLLIN, 0});
     for (Pending& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
-    Clock::time_point wake = std::min(deadline, now + std::chrono::milliseconds(200));
+    Clock::time_point wake = std::min(deadline, now + kInterruptPoll);
     if (!pending.empty()) wake = std::min(wake, pending.front().since + kHandshakeGrace);
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1;
     int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(wait, 0)));

@@ -1,5 +1,9 @@
 #include "transport/tcp/socket.h"
 
+#include <algorithm>
+
+#include "ringcomm/interrupt.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -25,13 +29,19 @@ int poll_ms(Clock::time_point deadline) {
 }
 
 // Waits until `fd` is ready for `events` or the deadline passes; false on timeout.
+// Polls in slices of kInterruptPoll so that Ctrl-C stops a connect or a
+// handshake read (Interrupted) rather than waiting up to the deadline.
 bool wait_for(int fd, short events, Clock::time_point deadline) {
+  Clock::time_point last{};
   for (;;) {
     struct pollfd p{fd, events, 0};
-    int r = ::poll(&p, 1, poll_ms(deadline));
+    const Clock::time_point slice = std::min(deadline, Clock::now() + kInterruptPoll);
+    int r = ::poll(&p, 1, poll_ms(slice));
     if (r > 0) return true;
     if (r < 0 && errno != EINTR) return true;  // let the caller's call report the error
-    if (Clock::now() >= deadline) return false;
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return false;
+    check_interrupted(now, &last, "connecting to a TCP peer");
   }
 }
 
