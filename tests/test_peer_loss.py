@@ -4,6 +4,7 @@ gone (issue 11). Also: interpreter exit with an operation in flight, and a rank
 killed during init (nothing may stay in /dev/shm)."""
 
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -207,3 +208,63 @@ def test_sigkill_during_init_leaves_nothing(tmp_path):
     still = [n for n in os.listdir("/dev/shm") if n.startswith("ringcomm-") and any(f"-{p}-" in n for p in pids)]
     print("seen by rank 0 after its init failed:", seen)
     assert not still, f"segments left in /dev/shm after a rank was killed during init: {still}"
+
+
+PIDNS_PROG = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import torch.distributed as dist
+    import ringcomm
+    rank, port = int(sys.argv[1]), int(sys.argv[2])
+    store = dist.TCPStore("127.0.0.1", port, 3, is_master=False, wait_for_workers=False)
+    comm = ringcomm.init(rank=rank, world_size=2, store=store, timeout=120, transport="shm")
+    comm.all_reduce(np.ones(4, np.float32))
+    if rank == 1:
+        store.set("ready", str(os.getpid()))
+        time.sleep(600)  # killed by the test
+    store.wait(["ready"])
+    store.set("entered", "1")
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(1 << 16, np.float32))
+        print("RETURNED")
+    except ringcomm.RingcommError as e:
+        gone = float(store.get("killed_at").decode())
+        print(f"RAISED {time.time() - gone:.3f} {e}")
+""")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_peer_in_another_pid_namespace_is_watched_by_its_segment_lock(tmp_path):
+    """Ranks of one host in different pid namespaces (containers sharing /dev/shm):
+    pids mean nothing across them, so the segment's flock tells that rank 1 died."""
+    import torch.distributed as dist
+
+    prog = tmp_path / "pidns_prog.py"
+    prog.write_text(PIDNS_PROG)
+    port = harness.free_port()
+    store = dist.TCPStore("127.0.0.1", port, 3, is_master=True, wait_for_workers=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
+    r0 = subprocess.Popen([sys.executable, str(prog), "0", str(port)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    r1 = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(prog), "1", str(port)],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        store.wait(["ready", "entered"], timedelta(seconds=60))
+        assert store.get("ready").decode() in ("1", "2"), "rank 1 is not in a pid namespace of its own"
+        time.sleep(0.3)
+        store.set("killed_at", repr(time.time()))
+        os.killpg(r1.pid, signal.SIGKILL)
+        out, err = r0.communicate(timeout=60)
+    finally:
+        for p in (r0, r1):
+            try:
+                os.killpg(p.pid, signal.SIGKILL) if p is r1 else p.kill()
+            except ProcessLookupError:
+                pass
+            p.communicate(timeout=30)  # reaps it and closes its pipes
+    print(out, err[-500:])
+    assert "RAISED" in out, f"rank 0 did not raise: {out} {err[-800:]}"
+    took = float(out.split("RAISED ")[1].split()[0])
+    assert took < DETECT_S + SLACK_S, f"rank 0 raised {took:.2f} s after rank 1 was killed"
+    assert "rank 1" in out and "died" in out, out

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -194,12 +195,14 @@ Segment Segment::create(int world, int rank, const std::vector<int>& members, si
                   " bytes (is /dev/shm large enough?): " + err);
     }
     p = ::mmap(nullptr, s.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    ::close(fd);
     if (p == MAP_FAILED) {
       std::string err = errno_text();
+      ::close(fd);
       s.unlink();
       throw Error("ringcomm: mmap of shared segment failed: " + err);
     }
+    s.fd_ = fd;
+    s.lockable_ = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
   }
   s.base_ = static_cast<char*>(p);
   // Touch every page now: a first write into a fresh shared page costs more
@@ -216,6 +219,7 @@ Segment Segment::create(int world, int rank, const std::vector<int>& members, si
   ctl->owner_pidns = own_pid_namespace();
   ctl->owner_starttime = process_start_time(ctl->owner_pid);
   ctl->owner_base = reinterpret_cast<uint64_t>(s.base_);
+  ctl->pad_lock = s.lockable_ ? 1 : 0;
   for (size_t i = 0; i < s.nfifos_; ++i) new (reinterpret_cast<FifoControl*>(s.base_ + sizeof(SegmentControl)) + i) FifoControl();
   std::atomic_thread_fence(std::memory_order_release);
   ctl->magic = kSegmentMagic;
@@ -241,10 +245,15 @@ Segment Segment::open(const std::string& name, int world, int expected_rank, con
                 std::to_string(s.bytes_) + " (do all ranks use the same RINGCOMM_SLOT_BYTES / RINGCOMM_SLOTS?)");
   }
   void* p = ::mmap(nullptr, s.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) throw Error("ringcomm: mmap of " + name + " failed: " + errno_text());
+  if (p == MAP_FAILED) {
+    std::string err = errno_text();
+    ::close(fd);
+    throw Error("ringcomm: mmap of " + name + " failed: " + err);
+  }
+  s.fd_ = fd;
   s.base_ = static_cast<char*>(p);
   const SegmentControl* ctl = s.control();
+  s.lockable_ = ctl->pad_lock == 1;
   if (ctl->magic != kSegmentMagic || ctl->world != static_cast<uint32_t>(world) ||
       ctl->rank != static_cast<uint32_t>(expected_rank) || ctl->slot_bytes != slot_bytes ||
       ctl->nslots != static_cast<uint32_t>(nslots) || ctl->members != members.size()) {
@@ -268,6 +277,8 @@ Segment& Segment::operator=(Segment&& o) noexcept {
     fifo_of_ = std::move(o.fifo_of_);
     owner_ = std::exchange(o.owner_, false);
     unlinked_ = std::exchange(o.unlinked_, true);
+    fd_ = std::exchange(o.fd_, -1);
+    lockable_ = std::exchange(o.lockable_, false);
   }
   return *this;
 }
@@ -278,6 +289,15 @@ void Segment::reset() {
   if (owner_) unlink();
   if (base_) ::munmap(base_, bytes_);
   base_ = nullptr;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+bool Segment::owner_gone() const {
+  if (owner_ || fd_ < 0 || !lockable_) return false;
+  if (::flock(fd_, LOCK_SH | LOCK_NB) != 0) return false;  // EWOULDBLOCK: the owner holds it
+  ::flock(fd_, LOCK_UN);
+  return true;
 }
 
 void Segment::unlink() {

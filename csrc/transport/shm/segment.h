@@ -53,6 +53,8 @@ struct alignas(64) SegmentControl {
   uint32_t nslots;
   uint32_t members;
   uint64_t slot_bytes;
+  uint32_t pad_lock;         // 1: the owner holds a flock on the segment while it lives (Segment::owner_gone)
+  uint32_t pad2;
   uint64_t slot_stride;
   int64_t owner_pid;         // the creating process, for cross-memory attach and liveness
   uint64_t owner_pidns;      // inode of its pid namespace (pids mean nothing across namespaces)
@@ -109,6 +111,12 @@ class Segment {
 
   const std::string& name() const { return name_; }
   bool mapped() const { return base_ != nullptr; }
+  // Liveness that needs no pid (peers in another pid namespace): the owner
+  // holds an exclusive flock on its segment for as long as it lives (the
+  // kernel drops it when the process dies); a peer's own descriptor can take
+  // a shared lock only then. True when the owner of this (opened) segment is
+  // gone; false while it lives or when the lock cannot tell.
+  bool owner_gone() const;
   // Removes the name from /dev/shm (mappings stay valid). Idempotent.
   void unlink();
 
@@ -134,6 +142,8 @@ class Segment {
   std::vector<int32_t> fifo_of_;  // by global rank: FIFO index, -1 when none
   bool owner_ = false;
   bool unlinked_ = true;
+  int fd_ = -1;           // kept open: the owner's holds its flock, a peer's tests it
+  bool lockable_ = false;  // the owner took its lock (a peer: the lock can tell)
 };
 
 }  // namespace ringcomm

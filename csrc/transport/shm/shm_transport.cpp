@@ -89,10 +89,12 @@ class ShmLink : public Link {
       return nullptr;
     }
     const char* slot = inbox_->slot(peer_, head);
-    auto* h = reinterpret_cast<const MsgHeader*>(slot);
-    check_segment_header(*h, slot_bytes_, peer_);
-    *payload = slot + kPage + h->payload_offset;
-    return h;
+    // The header is copied out of shared memory before it is checked: what
+    // the caller acts on is what was checked, whatever the peer writes later.
+    std::memcpy(&peeked_, slot, sizeof peeked_);
+    check_segment_header(peeked_, slot_bytes_, peer_);
+    *payload = slot + kPage + peeked_.payload_offset;
+    return &peeked_;
   }
 
   // Cross-memory attach: one copy from the peer's address space to ours.
@@ -147,6 +149,7 @@ class ShmLink : public Link {
   uint64_t nslots_;
   char* send_pending_ = nullptr;
   uint32_t send_offset_ = 0;
+  MsgHeader peeked_;  // the header of the oldest received segment, as checked
 };
 
 ShmTransport::ShmTransport(int rank, int world, size_t slot_bytes, int nslots)
@@ -222,17 +225,18 @@ Link* ShmTransport::link(int peer) {
 }
 
 void ShmTransport::check_gone(int peer) {
-  if (!gone_[peer].empty()) throw PeerLostError(gone_[peer]);
   const SegmentControl* pc = peers_[peer].control();
+  // The most telling reason first: an abort names its cause, a departure is
+  // orderly, a death is all that is left to say.
   if (pc->aborted.load(std::memory_order_acquire)) {
     throw PeerLostError("rank " + std::to_string(peer) + " aborted: " +
                         std::string(pc->abort_reason, strnlen(pc->abort_reason, sizeof(pc->abort_reason))));
   }
   if (pc->departed.load(std::memory_order_acquire)) {
-    gone_[peer] = "rank " + std::to_string(peer) + " closed its communicator (finalize / close) while rank " +
-                  std::to_string(rank_) + " still needed it";
-    throw PeerLostError(gone_[peer]);
+    throw PeerLostError("rank " + std::to_string(peer) + " closed its communicator (finalize / close) while rank " +
+                        std::to_string(rank_) + " still needed it");
   }
+  if (!gone_[peer].empty()) throw PeerLostError(gone_[peer]);
 }
 
 bool ShmTransport::any_peer_aborted() {
@@ -262,7 +266,14 @@ void ShmTransport::poll_peers() {
     n = 0;
   };
   for (int p = 0; p < world_; ++p) {
-    if (pidfds_[p] < 0) continue;
+    if (pidfds_[p] < 0) {
+      // No pidfd (another pid namespace, or pidfd_open unavailable): the
+      // segment's lock tells instead. An orderly close is not a death.
+      if (gone_[p].empty() && peers_[p].mapped() && !peers_[p].control()->departed.load() && peers_[p].owner_gone()) {
+        gone_[p] = "rank " + std::to_string(p) + " died: its process exited without closing the communicator";
+      }
+      continue;
+    }
     fds[n].fd = pidfds_[p];
     fds[n].events = POLLIN;
     fds[n].revents = 0;
