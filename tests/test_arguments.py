@@ -551,3 +551,23 @@ def test_record_bounded_random_inputs():
     assert counts["total"] >= 500
     assert counts["valid"] > counts["total"] // 50, counts
     assert counts["field"] > counts["total"] // 10, counts
+
+
+def test_gpu_path_checks_roots_and_its_settings_without_a_gpu(monkeypatch):
+    """The GPU path's own argument checks (reached only with CUDA buffers) run on CPUs."""
+    from ringcomm.cuda import GpuPath
+
+    comm = ringcomm.init(rank=0, world_size=1, store=torch.distributed.HashStore())
+    try:
+        g = GpuPath(comm)
+        for bad in (1.5, "0", True, None):
+            with pytest.raises(TypeError, match="src"):
+                g._root(bad, "src")
+        with pytest.raises(ValueError, match="dst"):
+            g._root(1, "dst")
+        for raw in ("12x", "-64", "100", str(1 << 31)):
+            monkeypatch.setenv("RINGCOMM_GPU_CHUNK_BYTES", raw)
+            with pytest.raises(ValueError, match="RINGCOMM_GPU_CHUNK_BYTES"):
+                GpuPath(comm)
+    finally:
+        comm.close()

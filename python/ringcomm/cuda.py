@@ -23,7 +23,7 @@ Algorithms (``algo=`` per call, or RINGCOMM_GPU_ALGO): "nccl" (NCCL's collective
 import os
 import threading
 
-from ringcomm import _C
+from ringcomm import _C, validate
 from ringcomm.errors import RingcommError, TimeoutError
 from ringcomm.work import seconds
 
@@ -227,9 +227,14 @@ class GpuPath:
         if algo not in GPU_ALGOS:
             raise ValueError(f"RINGCOMM_GPU_ALGO={algo!r} is not one of {', '.join(GPU_ALGOS)}")
         self._default_algo = algo
-        self._chunk = int(os.environ.get("RINGCOMM_GPU_CHUNK_BYTES") or DEFAULT_CHUNK_BYTES)
-        if self._chunk < 64 or self._chunk % 64:
-            raise ValueError(f"RINGCOMM_GPU_CHUNK_BYTES must be a positive multiple of 64, got {self._chunk}")
+        raw = os.environ.get("RINGCOMM_GPU_CHUNK_BYTES") or str(DEFAULT_CHUNK_BYTES)
+        try:
+            self._chunk = int(raw.strip(), 10)
+        except ValueError:
+            raise ValueError(f"environment variable RINGCOMM_GPU_CHUNK_BYTES={raw!r} is not an integer") from None
+        if not 64 <= self._chunk <= (1 << 30) or self._chunk % 64:
+            raise ValueError(f"environment variable RINGCOMM_GPU_CHUNK_BYTES must be a multiple of 64 between 64 "
+                             f"and 1 GiB, got {self._chunk}")
 
     # -- setup ----------------------------------------------------------------
     def native(self, device):
@@ -394,7 +399,7 @@ class GpuPath:
                             "they must match")
 
     def _root(self, root, arg):
-        root = int(root)
+        root = validate.index(root, arg)  # TypeError for 1.5, "0", True
         if not 0 <= root < self._comm.world_size:
             raise ValueError(f"{arg} {root} is out of range for a communicator of world size "
                              f"{self._comm.world_size}")
