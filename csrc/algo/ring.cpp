@@ -20,6 +20,12 @@
 // Each step moves data one segment (FIFO slot) at a time, so a rank forwards
 // the first segment of a step while the previous rank still sends the rest:
 // the pipeline runs at segment granularity across the whole ring.
+//
+// "rank" above is a position in the ring (PlanContext::ring, host-contiguous
+// order): next/prev are the ranks at the neighbouring positions. all_reduce
+// cuts its buffer by position; reduce_scatter and all_gather map position q
+// to the buffer block of the rank at q, so every rank still ends with its own
+// block.
 #include "algo/blocks.h"
 #include "algo/schedules.h"
 #include "algo/verbs.h"
@@ -27,7 +33,7 @@
 namespace ringcomm {
 
 void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
-  const int n = c.world, r = c.rank, next = mod(r + 1, n), prev = mod(r - 1, n);
+  const int n = c.world, r = ring_position(c), next = ring_rank(c, r + 1), prev = ring_rank(c, r - 1);
   if (n == 1) return;  // the sum (or average) of one input is the input
   const size_t rounds = rounds_for(ring_block(count, n, 0).count, c.slice_elems);
   auto piece = [&](int block, size_t round) {
@@ -80,7 +86,7 @@ void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
 // elements and the final block r goes to `out` (which may alias input block r).
 void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
                          bool avg) {
-  const int n = c.world, r = c.rank, next = mod(r + 1, n), prev = mod(r - 1, n);
+  const int n = c.world, r = ring_position(c), next = ring_rank(c, r + 1), prev = ring_rank(c, r - 1);
   const size_t bytes = count_per_rank * c.elem;
   if (n == 1) {
     push_copy(c, in, out, bytes);
@@ -90,7 +96,7 @@ void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
   const Range whole{0, count_per_rank};
   for (size_t k = 0; k < rounds; ++k) {
     Range p = slice_of(whole, c.slice_elems, k);
-    auto block = [&](int b) { return in + mod(b, n) * bytes + p.offset * c.elem; };
+    auto block = [&](int b) { return in + ring_rank(c, b) * bytes + p.offset * c.elem; };
     Step s = make_step(StepKind::kSend, c);
     s.send_peer = next;
     s.src = block(r - 1);
@@ -117,15 +123,15 @@ void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
 // The all-gather part alone: own input first goes to output block r (unless
 // the input already is that block), then the ring forwards every block.
 void ring_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank) {
-  const int n = c.world, r = c.rank, next = mod(r + 1, n), prev = mod(r - 1, n);
+  const int n = c.world, r = ring_position(c), next = ring_rank(c, r + 1), prev = ring_rank(c, r - 1);
   const size_t bytes = count_per_rank * c.elem;
-  push_copy(c, in, out + r * bytes, bytes);
+  push_copy(c, in, out + c.rank * bytes, bytes);
   if (n == 1) return;
   const size_t rounds = rounds_for(count_per_rank, c.slice_elems);
   const Range whole{0, count_per_rank};
   for (size_t k = 0; k < rounds; ++k) {
     Range p = slice_of(whole, c.slice_elems, k);
-    auto block = [&](int b) { return out + mod(b, n) * bytes + p.offset * c.elem; };
+    auto block = [&](int b) { return out + ring_rank(c, b) * bytes + p.offset * c.elem; };
     Step s = make_step(StepKind::kSend, c);
     s.send_peer = next;
     s.src = in + p.offset * c.elem;

@@ -22,7 +22,22 @@ struct PlanContext {
   // Pull schedules: world entries; this rank's own published address goes in
   // addrs[rank], each peer's arrives in addrs[peer].
   uint64_t* addrs = nullptr;
+  // Ring and chain schedules: the ring's order (position -> rank, world
+  // entries) and this rank's position in it; null: rank order. Ranks of one
+  // host sit next to each other, so that only one link per host boundary
+  // crosses the network whatever the rank placement (comm/ sets it from the
+  // host census; every rank derives the same order).
+  const int* ring = nullptr;
+  int ring_pos = 0;
 };
+
+// The rank at ring position `pos` (any integer, taken mod world), and this
+// rank's position.
+inline int ring_rank(const PlanContext& c, int pos) {
+  const int p = ((pos % c.world) + c.world) % c.world;
+  return c.ring ? c.ring[p] : p;
+}
+inline int ring_position(const PlanContext& c) { return c.ring ? c.ring_pos : c.rank; }
 
 // Ring (bandwidth optimal, 2(n-1) steps per round).
 void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);

@@ -62,6 +62,8 @@ void bind_communicator(py::module_& m) {
       .def("connect", &C::connect, py::call_guard<py::gil_scoped_release>())
       .def("unlink_segment", &C::unlink_segment)
       .def("finish_init", &C::finish_init)
+      .def("set_ring_order", &C::set_ring_order, py::arg("order"))
+      .def_property_readonly("ring_order", &C::ring_order)
       .def("in_flight", &C::in_flight)
       .def("listen_tcp", &C::listen_tcp, py::arg("host"))
       .def("connect_tcp",

@@ -54,9 +54,11 @@ Communicator::Communicator(int rank, int world, Config config)
       executor_(&router_, rank, world, config_.wait),
       small_in_(world),
       addrs_(world),
+      ring_order_(world),
       send_seq_(world),
       recv_seq_(world) {
   schedule_.reserve(1024);
+  for (int i = 0; i < world_; ++i) ring_order_[i] = i;
   // Sizes the general path runs one-shot in a single segment (see plan()).
   small_path_ = config_.algo == "auto" || config_.algo == "oneshot";
   small_max_bytes_ = config_.algo == "auto" ? std::min(config_.oneshot_max_bytes, config_.slot_bytes)
@@ -80,6 +82,23 @@ std::string Communicator::create_segment(const std::vector<int>& members) {
 }
 
 void Communicator::connect(const std::vector<std::string>& names) { shm_->connect(names); }
+
+void Communicator::set_ring_order(const std::vector<int>& order) {
+  if (static_cast<int>(order.size()) != world_) {
+    throw ValueError("ring order: " + std::to_string(order.size()) + " ranks for a communicator of " +
+                     std::to_string(world_));
+  }
+  std::vector<char> seen(world_, 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int r = order[i];
+    if (r < 0 || r >= world_ || seen[r]) throw ValueError("ring order: not a permutation of the ranks");
+    seen[r] = 1;
+    if (r == rank_) ring_pos_ = static_cast<int>(i);
+  }
+  ring_order_ = order;
+  ring_identity_ = true;
+  for (int i = 0; i < world_; ++i) ring_identity_ = ring_identity_ && order[i] == i;
+}
 
 void Communicator::finish_init() {
   for (int p = 0; p < world_; ++p) {
@@ -530,6 +549,10 @@ void Communicator::plan(Call& c) {
   const size_t segments = std::max(1, config_.nslots / 4);
   const size_t slice = std::max<size_t>(1, segments * config_.slot_bytes / elem);
   PlanContext ctx{rank_, world_, elem, slice, &c.tag, &schedule_, addrs_.data()};
+  if (!ring_identity_) {
+    ctx.ring = ring_order_.data();
+    ctx.ring_pos = ring_pos_;
+  }
   const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
   schedule_.clear();
   const bool rooted = c.kind == OpKind::kBroadcast || c.kind == OpKind::kReduce || c.kind == OpKind::kScatter ||

@@ -85,6 +85,11 @@ class Communicator {
   // should run, so waits yield at once (set before the first call).
   void set_wait_policy(WaitPolicy policy) { executor_.set_policy(policy); }
   bool pull_enabled() const { return pull_ok_; }
+  // The ring's order (position -> rank) for ring and chain schedules: the
+  // ranks of each host next to each other (set from the host census before
+  // the first call; every rank must set the same permutation).
+  void set_ring_order(const std::vector<int>& order);
+  const std::vector<int>& ring_order() const { return ring_order_; }
 
   // Every call returns the Work when `async`, nullptr after a synchronous
   // call completed (its error is thrown).
@@ -193,6 +198,9 @@ class Communicator {
   size_t small_max_bytes_ = 0;         // ... up to this size (one segment)
   bool small_p2p_ = false;             // small sendrecv (unless every send/recv must pull)
   std::vector<uint64_t> addrs_;  // pull schedules: published buffer addresses
+  std::vector<int> ring_order_;  // position -> rank (identity by default)
+  int ring_pos_ = 0;
+  bool ring_identity_ = true;
   bool pull_ok_ = false;
 
   std::mutex mu_;

@@ -88,6 +88,7 @@ class Communicator:
                 bad = [r for r in range(world_size) if tcp[r] and infos[r].get("tcp") is None]
                 raise RingcommError(f"ringcomm: rank(s) {bad} published no TCP address but must be reached over TCP")
             local = [r for r in range(world_size) if not tcp[r]]
+            native.set_ring_order(self.host_contiguous_order(infos))
             alive = bootstrap.liveness_check(rank, infos, local)
             # 2. Shared memory among the ranks of this host.
             name = native.create_segment(local)
@@ -129,6 +130,18 @@ class Communicator:
             raise
         self._native = native
         _live.add(self)
+
+    @staticmethod
+    def host_contiguous_order(infos):
+        """The ring's order: hosts in the order of their lowest rank, the ranks of
+        each host next to each other in rank order. Rings and chains then cross
+        the network once per host boundary whatever the placement (ranks 0, 2
+        on one host and 1, 3 on another: 0 2 1 3, two network hops, not four).
+        Every rank computes the same order from the census."""
+        hosts = {}
+        for r, info in enumerate(infos):
+            hosts.setdefault(info["host"], []).append(r)
+        return [r for members in hosts.values() for r in members]
 
     @staticmethod
     def _tune_waiting(native, mine, infos, config, uses_tcp=False):
@@ -173,6 +186,11 @@ class Communicator:
     @property
     def world_size(self):
         return self._world_size
+
+    @property
+    def ring_order(self):
+        """The ranks in the order ring and chain schedules visit them (host-contiguous)."""
+        return list(self._c().ring_order)
 
     @property
     def pull_enabled(self):
