@@ -10,7 +10,14 @@ namespace ringcomm {
 
 // Which family of schedules a call runs; carried in every message header
 // (MsgTag::algo), because all ranks of a call must run the same one.
-enum ScheduleFamily : uint8_t { kFamilyFifo = 0, kFamilyRing = 1, kFamilyOneShot = 2, kFamilyPull = 3 };
+enum ScheduleFamily : uint8_t {
+  kFamilyFifo = 0,
+  kFamilyRing = 1,
+  kFamilyOneShot = 2,
+  kFamilyPull = 3,
+  kFamilyRecursiveDoubling = 4,
+  kFamilyTree = 5,
+};
 
 struct PlanContext {
   int rank;
@@ -49,6 +56,15 @@ void ring_all_gather(const PlanContext& c, const char* in, char* out, size_t cou
 // input and reduces them itself in rank order, so all ranks get the same bits.
 // `scratch` holds world * count elements.
 void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg);
+
+// Recursive doubling (latency optimal: log2 p whole-buffer exchanges, with the
+// fix-up for non-powers of two); `scratch` holds count elements.
+void recursive_doubling_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg);
+
+// Binomial trees rooted at `root` (ceil(log2 n) hops); the reduce's
+// `scratch` holds 2 * count elements.
+void tree_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
+void tree_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg);
 
 // Chains along the ring starting at the root (pipelined through the FIFOs).
 void chain_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);

@@ -37,6 +37,8 @@ void bind_communicator(py::module_& m) {
             c.wait.yield = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(us));
           });
 
+  m.def("check_algo", [](const std::string& text) { parse_algo_choice(text); }, py::arg("text"),
+        "ValueError unless `text` is a valid RINGCOMM_ALGO / init(algo=) setting.");
   m.def("valid_segment_name", &Segment::valid_name, py::arg("name"));
   m.def("unlink_segment_name", &Segment::unlink_name, py::arg("name"),
         "Removes an orphaned shared segment name (only names of ringcomm's form).");

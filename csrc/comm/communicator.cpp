@@ -49,6 +49,7 @@ Communicator::Communicator(int rank, int world, Config config)
     : rank_(rank),
       world_(world),
       config_(std::move(config)),
+      algos_(parse_algo_choice(config_.algo)),
       shm_(std::make_unique<ShmTransport>(rank, world, config_.slot_bytes, config_.nslots)),
       router_(rank, world, shm_.get()),
       executor_(&router_, rank, world, config_.wait),
@@ -60,11 +61,11 @@ Communicator::Communicator(int rank, int world, Config config)
   schedule_.reserve(1024);
   for (int i = 0; i < world_; ++i) ring_order_[i] = i;
   // Sizes the general path runs one-shot in a single segment (see plan()).
-  small_path_ = config_.algo == "auto" || config_.algo == "oneshot";
-  small_max_bytes_ = config_.algo == "auto" ? std::min(config_.oneshot_max_bytes, config_.slot_bytes)
-                                            : config_.slot_bytes;
+  const Algo ar = algos_.of(OpKind::kAllReduce);
+  small_path_ = ar == Algo::kAuto || ar == Algo::kOneShot;
+  small_max_bytes_ = ar == Algo::kAuto ? std::min(config_.oneshot_max_bytes, config_.slot_bytes) : config_.slot_bytes;
   // Small send/recv go through the FIFOs unless pulls are forced (plan_p2p).
-  small_p2p_ = config_.algo != "pull" && config_.slot_bytes < config_.pull_min_bytes;
+  small_p2p_ = !algos_.forces_pull_everywhere && config_.slot_bytes < config_.pull_min_bytes;
 }
 
 Communicator::~Communicator() {
@@ -560,18 +561,21 @@ void Communicator::plan(Call& c) {
   // Collectives use the FIFO schedules unless pull is forced: measured here,
   // their cache-resident slots beat the kernel's cross-process copy (README,
   // Performance). Decided from what every rank knows alike.
-  const bool pull = pull_ok_ && config_.algo == "pull";
+  const Algo forced = algos_.of(c.kind);
+  const bool pull = pull_ok_ && forced == Algo::kPull;
   c.tag.algo = pull ? kFamilyPull : kFamilyFifo;
   if (rooted && config_.check_agreement) push_agreement(ctx);
   switch (c.kind) {
     case OpKind::kAllReduce: {
       const size_t bytes = c.a.nbytes();
-      const std::string& algo = config_.algo;
-      const bool auto_ = algo == "auto";
-      if (algo == "oneshot" || (auto_ && bytes <= config_.oneshot_max_bytes)) {
+      if (forced == Algo::kOneShot || (forced == Algo::kAuto && bytes <= config_.oneshot_max_bytes)) {
         c.tag.algo = kFamilyOneShot;
         if (scratch_.size() < bytes * world_) scratch_.resize(bytes * world_);
         oneshot_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
+      } else if (forced == Algo::kRecursiveDoubling) {
+        c.tag.algo = kFamilyRecursiveDoubling;
+        if (scratch_.size() < bytes) scratch_.resize(bytes);
+        recursive_doubling_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
       } else if (pull) {
         c.tag.algo = kFamilyPull;
         pull_all_reduce(ctx, c.a.ptr, c.a.count, avg);
@@ -596,14 +600,21 @@ void Communicator::plan(Call& c) {
       }
       break;
     case OpKind::kBroadcast:
-      if (pull) {
+      if (forced == Algo::kTree) {
+        c.tag.algo = kFamilyTree;
+        tree_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
+      } else if (pull) {
         pull_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
       } else {
         chain_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
       }
       break;
     case OpKind::kReduce:
-      if (pull) {
+      if (forced == Algo::kTree) {
+        c.tag.algo = kFamilyTree;
+        if (scratch_.size() < 2 * c.a.nbytes()) scratch_.resize(2 * c.a.nbytes());
+        tree_reduce(ctx, c.root, c.a.ptr, c.a.count, scratch_.data(), avg);
+      } else if (pull) {
         pull_reduce_to_root(ctx, c.root, c.a.ptr, c.a.count, avg);
       } else {
         chain_reduce(ctx, c.root, c.a.ptr, c.a.count, avg);
@@ -656,7 +667,7 @@ void Communicator::push_agreement(const PlanContext& ctx) {
 // was measured ~10% faster (both ends decide alike: they must agree on count
 // and dtype anyway).
 void Communicator::plan_p2p(Call& c, const PlanContext& ctx) {
-  const bool pull = pull_ok_ && (config_.algo == "pull" || c.a.nbytes() >= config_.pull_min_bytes);
+  const bool pull = pull_ok_ && (algos_.forces_pull_everywhere || c.a.nbytes() >= config_.pull_min_bytes);
   c.tag.algo = pull ? kFamilyPull : kFamilyFifo;
   if (c.is_send) {
     if (pull) {

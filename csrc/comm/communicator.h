@@ -17,6 +17,7 @@
 
 #include "algo/schedules.h"
 #include "algo/step.h"
+#include "comm/algo_choice.h"
 #include "comm/buffer.h"
 #include "comm/describe.h"
 #include "comm/executor.h"
@@ -33,7 +34,7 @@ Work::ErrorKind error_kind_of(const std::exception& e);
 struct Config {
   size_t slot_bytes = 128 * 1024;       // bytes per FIFO slot (one pipelined segment)
   int nslots = 16;                      // slots per FIFO (segments in flight per peer)
-  // auto | ring | oneshot (all_reduce) | pull (every collective and send/recv)
+  // auto | one name for every op that has it | op:name,... (comm/algo_choice.h)
   std::string algo = "auto";
   size_t oneshot_max_bytes = 64 * 1024;  // auto: one-shot all_reduce up to this size
   bool pull = true;                     // single-copy pull schedules where the OS allows
@@ -187,6 +188,7 @@ class Communicator {
   const int rank_;
   const int world_;
   const Config config_;
+  const AlgoChoice algos_;  // config_.algo, parsed once
   std::unique_ptr<ShmTransport> shm_;  // this rank's inbox + doorbell, and same-host peers
   std::unique_ptr<TcpTransport> tcp_;  // peers on other hosts (or all, when forced); may be null
   Router router_;                      // which transport reaches which peer

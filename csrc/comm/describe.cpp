@@ -38,6 +38,8 @@ std::string describe_tag(const MsgTag& t) {
   if (t.algo == 1) s += ", ring";
   if (t.algo == 2) s += ", oneshot";
   if (t.algo == 3) s += ", pull";
+  if (t.algo == 4) s += ", recursive doubling";
+  if (t.algo == 5) s += ", tree";
   s += ")";
   return s;
 }

@@ -24,8 +24,9 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, tra
     WORLD_SIZE, the store from MASTER_ADDR / MASTER_PORT (a TCPStore, exactly
     as torchrun sets them up), timeout (seconds or timedelta) from
     RINGCOMM_TIMEOUT (default 300 s). `store` may be any torch.distributed
-    Store (or any object with set, get, wait and check). `algo` forces the
-    all_reduce algorithm (auto, ring, oneshot).
+    Store (or any object with set, get, wait and check). `algo` (or
+    RINGCOMM_ALGO) forces algorithms: one name for every op that has it
+    (ring, oneshot, recursive_doubling, tree, pull) or "op:name,..." per op.
     `transport` (or RINGCOMM_TRANSPORT): "auto" uses shared memory between
     ranks of one host and TCP between hosts; "tcp" uses TCP for every peer;
     "shm" refuses ranks on other hosts. Bad arguments (and environment

@@ -3,8 +3,10 @@ variables, then defaults. An empty variable counts as unset; a bad value is a
 ValueError naming the variable (a keyword of the wrong type a TypeError).
 
 RINGCOMM_TIMEOUT           seconds any blocking wait may take (default 300; > 0, at most 30 days)
-RINGCOMM_ALGO              auto | ring | oneshot (all_reduce) | pull (every collective
-                           and send/recv by single-copy pulls, where the OS allows)
+RINGCOMM_ALGO              auto | one name, forced for every op that has it: ring, oneshot (all_reduce),
+                           pull (every collective and send/recv by single-copy pulls, where the OS
+                           allows), recursive_doubling (all_reduce), tree (broadcast, reduce) |
+                           op:name,... per op (e.g. all_reduce:recursive_doubling,broadcast:tree)
 RINGCOMM_PULL              0 disables single-copy pulls (default 1; 0 or 1)
 RINGCOMM_PULL_MIN_BYTES    send/recv of at least this size pull (default 16 MiB; 0 to 2**63 - 1)
 RINGCOMM_ONESHOT_MAX_BYTES auto: largest all_reduce done one-shot (default 65536; 0 to 1 GiB)
@@ -26,7 +28,7 @@ import re
 from ringcomm import _C, validate
 
 DEFAULT_TIMEOUT_S = 300.0
-ALGOS = ("auto", "ring", "oneshot", "pull")
+ALGOS = ("auto", "ring", "oneshot", "pull", "recursive_doubling", "tree")
 TRANSPORTS = ("auto", "shm", "tcp")
 
 # Ranges of the size settings. The one-shot all_reduce keeps a scratch buffer
@@ -85,6 +87,23 @@ def _env_choice(name, default, choices):
     return default if raw is None else validate.choice(raw, f"environment variable {name}", choices)
 
 
+def _algo(value, name):
+    """One algorithm name for every op that has it, or "<op>:<name>,..." per op
+    (checked by the native parser, comm/algo_choice.cpp, which the
+    communicator uses too)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str (one of {', '.join(ALGOS)}, or op:name,...), "
+                        f"got {type(value).__name__} {validate.show(value)}")
+    text = value.strip()
+    if len(text) > 512:
+        raise ValueError(f"{name} is too long ({len(text)} characters)")
+    try:
+        _C.check_algo(text)
+    except ValueError as e:
+        raise ValueError(f"{name}={validate.show(value)}: {e} (names: {', '.join(ALGOS)})") from None
+    return text
+
+
 def _env_timeout():
     raw = _raw("RINGCOMM_TIMEOUT")
     if raw is None:
@@ -121,7 +140,8 @@ def make_config(timeout=None, algo=None, transport=None):
     cfg.transport = (_env_choice("RINGCOMM_TRANSPORT", "auto", TRANSPORTS) if transport is None
                      else validate.choice(transport, "transport", TRANSPORTS))
     cfg.timeout_s = _env_timeout() if timeout is None else validate.timeout_seconds(timeout, "timeout")
-    cfg.algo = _env_choice("RINGCOMM_ALGO", "auto", ALGOS) if algo is None else validate.choice(algo, "algo", ALGOS)
+    raw_algo = _raw("RINGCOMM_ALGO") if algo is None else algo
+    cfg.algo = "auto" if raw_algo is None else _algo(raw_algo, "algo" if algo is not None else "environment variable RINGCOMM_ALGO")
     cfg.oneshot_max_bytes = _env_int("RINGCOMM_ONESHOT_MAX_BYTES", cfg.oneshot_max_bytes, 0, MAX_ONESHOT_BYTES)
     cfg.pull = _env_int("RINGCOMM_PULL", 1, 0, 1) == 1
     cfg.pull_min_bytes = _env_int("RINGCOMM_PULL_MIN_BYTES", cfg.pull_min_bytes, 0, MAX_PULL_MIN_BYTES)

@@ -1,0 +1,76 @@
+// Binomial trees rooted at `root` (Thakur, Rabenseifner and Gropp 2005, sec.
+// 4): broadcast and reduce in ceil(log2 n) hops instead of the chain's n-1,
+// for small messages where latency, not bandwidth, is the cost.
+//
+// Ranks are taken relative to the root: v = (rank - root) mod n. In the
+// broadcast, v receives from its parent v - 2^j (2^j the lowest set bit of
+// v), then sends to its children v + 2^i for the 2^i below 2^j (largest
+// first, so the deepest subtree starts first) that exist. The reduce runs
+// the same tree upwards: v receives from each child v + 2^i (smallest first)
+// into scratch and folds it into its accumulator, then sends the accumulator
+// to its parent; the root's last fold writes its buffer (AVG divides there).
+// Only the root's buffer is written. Children's sends wait for the parent's
+// receive to complete (`after`), so a rank never forwards what it has not got.
+#include <vector>
+
+#include "algo/blocks.h"
+#include "algo/schedules.h"
+#include "algo/verbs.h"
+
+namespace ringcomm {
+namespace {
+
+int lowest_bit_at_least(int v, int n) {
+  // The lowest set bit of v (v > 0), or the first power of two >= n for the root.
+  if (v == 0) {
+    int m = 1;
+    while (m < n) m <<= 1;
+    return m;
+  }
+  return v & -v;
+}
+
+}  // namespace
+
+void tree_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
+  const int n = c.world;
+  if (n == 1) return;
+  const int v = mod(c.rank - root, n);
+  const int top = lowest_bit_at_least(v, n);
+  size_t got = SIZE_MAX;
+  if (v != 0) got = push_recv(c, mod(v - top + root, n), buf, nbytes);
+  for (int m = top >> 1; m >= 1; m >>= 1) {
+    if (v + m < n) push_send(c, mod(v + m + root, n), buf, nbytes, got);
+  }
+}
+
+void tree_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg) {
+  const int n = c.world;
+  if (n == 1) return;
+  const size_t bytes = count * c.elem;
+  const int v = mod(c.rank - root, n);
+  const int top = lowest_bit_at_least(v, n);
+  // scratch: [accumulator | one child's buffer]; the root's last fold goes to buf.
+  char* acc = scratch;
+  char* child = scratch + bytes;
+  std::vector<int> kids;
+  for (int m = 1; m < top; m <<= 1) {
+    if (v + m < n) kids.push_back(v + m);
+  }
+  const char* sum = buf;  // what has been folded so far
+  for (size_t i = 0; i < kids.size(); ++i) {
+    push_recv(c, mod(kids[i] + root, n), child, bytes);
+    const bool last = i + 1 == kids.size();
+    Step s = make_step(StepKind::kLocalReduce, c);
+    s.dst = (v == 0 && last) ? buf : acc;
+    s.src = sum;
+    s.src2 = child;
+    s.nbytes = bytes;
+    s.divide = avg && v == 0 && last;
+    push_step(c, s);
+    sum = s.dst;
+  }
+  if (v != 0) push_send(c, mod(v - top + root, n), sum, bytes);
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,103 @@
+#include "comm/algo_choice.h"
+
+#include <vector>
+
+#include "ringcomm/types.h"
+
+namespace ringcomm {
+namespace {
+
+bool parse_name(const std::string& s, Algo* out) {
+  static const std::pair<const char*, Algo> names[] = {
+      {"auto", Algo::kAuto}, {"ring", Algo::kRing}, {"oneshot", Algo::kOneShot}, {"pull", Algo::kPull},
+      {"recursive_doubling", Algo::kRecursiveDoubling}, {"tree", Algo::kTree}};
+  for (const auto& n : names) {
+    if (s == n.first) {
+      *out = n.second;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool parse_op(const std::string& s, OpKind* out) {
+  for (int k = 1; k < kNumOpKinds; ++k) {
+    if (k == static_cast<int>(OpKind::kSend)) continue;  // send/recv: only "pull", by the single name
+    if (s == op_kind_name(static_cast<OpKind>(k))) {
+      *out = static_cast<OpKind>(k);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether op `k` has a schedule of family `a`.
+bool has(OpKind k, Algo a) {
+  switch (a) {
+    case Algo::kAuto:
+    case Algo::kPull:
+      return k != OpKind::kBarrier;
+    case Algo::kRing:
+      return k == OpKind::kAllReduce || k == OpKind::kReduceScatter || k == OpKind::kAllGather ||
+             k == OpKind::kBroadcast || k == OpKind::kReduce;
+    case Algo::kOneShot:
+    case Algo::kRecursiveDoubling:
+      return k == OpKind::kAllReduce;
+    case Algo::kTree:
+      return k == OpKind::kBroadcast || k == OpKind::kReduce;
+  }
+  return false;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    size_t i = s.find(sep, start);
+    out.push_back(s.substr(start, i == std::string::npos ? std::string::npos : i - start));
+    if (i == std::string::npos) return out;
+    start = i + 1;
+  }
+}
+
+}  // namespace
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::kAuto: return "auto";
+    case Algo::kRing: return "ring";
+    case Algo::kOneShot: return "oneshot";
+    case Algo::kPull: return "pull";
+    case Algo::kRecursiveDoubling: return "recursive_doubling";
+    case Algo::kTree: return "tree";
+  }
+  return "?";
+}
+
+AlgoChoice parse_algo_choice(const std::string& text) {
+  AlgoChoice c;
+  if (text.find(':') == std::string::npos) {
+    Algo a;
+    if (!parse_name(text, &a)) throw ValueError("algo: unknown algorithm '" + text + "'");
+    for (int k = 1; k < kNumOpKinds; ++k) {
+      if (k != static_cast<int>(OpKind::kSend) && has(static_cast<OpKind>(k), a)) c.by_op[k] = a;
+    }
+    c.forces_pull_everywhere = a == Algo::kPull;
+    return c;
+  }
+  for (const std::string& item : split(text, ',')) {
+    std::vector<std::string> kv = split(item, ':');
+    OpKind k;
+    Algo a;
+    if (kv.size() != 2 || !parse_op(kv[0], &k)) {
+      throw ValueError("algo: '" + item + "' is not <op>:<algorithm> with op one of all_reduce, reduce_scatter, "
+                       "all_gather, broadcast, reduce, scatter, gather, all_to_all, barrier");
+    }
+    if (!parse_name(kv[1], &a)) throw ValueError("algo: unknown algorithm '" + kv[1] + "' for " + kv[0]);
+    if (!has(k, a)) throw ValueError("algo: " + kv[0] + " has no " + kv[1] + " schedule");
+    c.by_op[static_cast<int>(k)] = a;
+  }
+  return c;
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,33 @@
+// Which schedule family each collective runs: RINGCOMM_ALGO / init(algo=)
+// parsed once, when the communicator is made, into one choice per op.
+//
+//   "auto"                              every op picks by size (comm/communicator.cpp plan)
+//   "<name>"                            every op that has <name> runs it; the others pick
+//   "<op>:<name>,<op>:<name>,..."       each named op forced, the others pick
+//
+// Names: ring (all_reduce, reduce_scatter, all_gather; the chain for broadcast
+// and reduce), oneshot (all_reduce), pull (every collective and send/recv),
+// recursive_doubling (all_reduce), tree (binomial: broadcast, reduce).
+#pragma once
+
+#include <array>
+#include <string>
+
+#include "comm/describe.h"
+
+namespace ringcomm {
+
+enum class Algo : uint8_t { kAuto, kRing, kOneShot, kPull, kRecursiveDoubling, kTree };
+constexpr int kNumOpKinds = static_cast<int>(OpKind::kBarrier) + 1;
+
+struct AlgoChoice {
+  std::array<Algo, kNumOpKinds> by_op{};  // kAuto everywhere by default
+  Algo of(OpKind k) const { return by_op[static_cast<int>(k)]; }
+  bool forces_pull_everywhere = false;    // the single name "pull" (send/recv too)
+};
+
+// Throws ValueError naming what is wrong (an unknown name or op, a name the op lacks).
+AlgoChoice parse_algo_choice(const std::string& text);
+const char* algo_name(Algo a);
+
+}  // namespace ringcomm
