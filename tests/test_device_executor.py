@@ -109,3 +109,47 @@ def test_mismatched_sizes_are_reported_not_hung():
     with pytest.raises(Exception, match="sim"):
         _C._simulate_device_call("broadcast", [np.zeros(100, np.int32), np.zeros(99, np.int32)], [None, None],
                                  0, 0, CHUNK, 2.0)
+
+
+def _sim_algo(kind, outs, ins, op, root, algo):
+    _C._simulate_device_call(kind, outs, ins, int(op), root, CHUNK, 10.0, algo)
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_recursive_doubling_runs_on_the_device_executor(world):
+    """The same recursive doubling schedule the CPU runs, through the GPU family's
+    translation (groups honour `after`): references, identical bits on every rank."""
+    for dtype in ("float32", "int32", "bfloat16"):
+        cont = checks.containers_for(dtype)[0]
+        for op in checks.ops_for(dtype):
+            for n in (0, 1, 7, 1000):
+                vals = _inputs(dtype, op, world, n, checks.seed_of("rd", dtype, op, n))
+                ref = checks.reference(op, np.stack(vals), dtype, world)
+                tol = checks.tolerance(dtype, op, world)
+                bufs = [checks.make_buf(v, dtype, cont) for v in vals]
+                _sim_algo("all_reduce", bufs, [None] * world, ReduceOp[op.upper()], -1, "recursive_doubling")
+                for r in range(world):
+                    err = checks.compare(bufs[r], ref, tol)
+                    assert err is None, f"recursive doubling {dtype} {op} n={n} rank {r}: {err}"
+                    assert checks.to_np(bufs[r]).tobytes() == checks.to_np(bufs[0]).tobytes(), \
+                        f"recursive doubling {dtype} {op} n={n}: rank {r}'s bits differ from rank 0's"
+
+
+@pytest.mark.parametrize("world", [2, 3, 6, 7])
+def test_trees_run_on_the_device_executor(world):
+    for dtype in ("float32", "int64"):
+        for n in (0, 1, 1000):
+            for root in range(world):
+                vals = _inputs(dtype, "sum", world, n, checks.seed_of("tree", dtype, n, root))
+                bufs = [checks.make_buf(v, dtype, "numpy") for v in vals]
+                _sim_algo("broadcast", bufs, [None] * world, ReduceOp.SUM, root, "tree")
+                for r in range(world):
+                    assert (checks.to_np(bufs[r]) == vals[root]).all(), f"tree broadcast n={n} root {root} rank {r}"
+                ref = checks.reference("sum", np.stack(vals), dtype, world)
+                bufs = [checks.make_buf(v, dtype, "numpy") for v in vals]
+                _sim_algo("reduce", bufs, [None] * world, ReduceOp.SUM, root, "tree")
+                err = checks.compare(bufs[root], ref, checks.tolerance(dtype, "sum", world))
+                assert err is None, f"tree reduce n={n} root {root}: {err}"
+                for r in range(world):
+                    if r != root:
+                        assert (checks.to_np(bufs[r]) == vals[r]).all(), f"tree reduce wrote rank {r}'s buffer"

@@ -43,10 +43,10 @@ void recursive_doubling_all_reduce(const PlanContext& c, char* buf, size_t count
   int v;  // new rank, -1 while sitting out
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      push_send(c, r + 1, buf, bytes);
-      // The result comes back into buf. No data of it can arrive before r+1
-      // received all of the send above, which copied buf out into the FIFO.
-      push_recv(c, r + 1, buf, bytes);
+      const size_t sent = push_send(c, r + 1, buf, bytes);
+      // The result comes back into buf, once the send above is done with it.
+      const size_t got = push_recv(c, r + 1, buf, bytes);
+      (*c.out)[got].after = sent;
       return;
     }
     push_recv(c, r - 1, scratch, bytes);

@@ -20,7 +20,7 @@ void bind_device_sim(py::module_& m) {
   m.def(
       "_simulate_device_call",
       [](const std::string& kind, py::list outs, py::list ins, int op, int root, size_t chunk_bytes,
-         double timeout_s) {
+         double timeout_s, const std::string& algo) {
         const int world = static_cast<int>(outs.size());
         static const std::pair<const char*, OpKind> kinds[] = {
             {"all_reduce", OpKind::kAllReduce}, {"reduce_scatter", OpKind::kReduceScatter},
@@ -33,6 +33,7 @@ void bind_device_sim(py::module_& m) {
           if (kind == n) k = v, found = true;
         }
         if (!found) throw ValueError("unknown call " + kind);
+        const Algo family = parse_algo_choice(algo).of(k);
         std::vector<Buffer> o(world), i(world);
         for (int r = 0; r < world; ++r) {
           o[r] = buffer_from_python(outs[r], "out", true, true);
@@ -56,6 +57,9 @@ void bind_device_sim(py::module_& m) {
               call.avg = rop == ReduceOp::kAvg;
               const bool by_input = k == OpKind::kAllGather || k == OpKind::kGather || k == OpKind::kAllToAll;
               call.count = by_input ? i[r].count : o[r].count;
+              call.algo = family;
+              std::vector<char> scratch(2 * call.count * elem + 1);  // host memory stands in for the device's
+              call.scratch = scratch.data();
               MsgTag tag;
               Schedule steps;
               PlanContext ctx{r, world, elem, std::max<size_t>(1, chunk_bytes / elem), &tag, &steps, nullptr};
@@ -74,7 +78,7 @@ void bind_device_sim(py::module_& m) {
         }
       },
       py::arg("kind"), py::arg("outs"), py::arg("ins"), py::arg("op"), py::arg("root"), py::arg("chunk_bytes"),
-      py::arg("timeout_s") = 10.0);
+      py::arg("timeout_s") = 10.0, py::arg("algo") = "auto");
 }
 
 }  // namespace ringcomm

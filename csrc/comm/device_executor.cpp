@@ -50,6 +50,9 @@ void DeviceExecutor::run(const Schedule& steps, DeviceOps& ops, DataType dtype, 
   auto recv = [&](char* p, size_t n, int peer) { pending_.push_back({false, p, n, peer}); };
   pending_.clear();
   for (const Step& s : steps) {
+    // A step that waits for an earlier one (a tree forwards what it received)
+    // starts a new group: NCCL runs the transfers of one group together.
+    if (s.after != SIZE_MAX) flush(ops);
     switch (s.kind) {
       case StepKind::kSend:
         for (size_t off = 0; off < s.nbytes; off += chunk) send(s.src + off, std::min(chunk, s.nbytes - off), s.send_peer);

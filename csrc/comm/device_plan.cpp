@@ -8,7 +8,11 @@ void plan_device_call(const PlanContext& c, const DeviceCall& d) {
   const size_t bytes = d.count * c.elem;
   switch (d.kind) {
     case OpKind::kAllReduce:
-      ring_all_reduce(c, d.out, d.count, d.avg);
+      if (d.algo == Algo::kRecursiveDoubling) {
+        recursive_doubling_all_reduce(c, d.out, d.count, d.scratch, d.avg);
+      } else {
+        ring_all_reduce(c, d.out, d.count, d.avg);
+      }
       return;
     case OpKind::kReduceScatter:
       ring_reduce_scatter(c, d.in, d.out, d.count, d.avg);
@@ -17,10 +21,18 @@ void plan_device_call(const PlanContext& c, const DeviceCall& d) {
       ring_all_gather(c, d.in, d.out, d.count);
       return;
     case OpKind::kBroadcast:
-      chain_broadcast(c, d.root, d.out, bytes);
+      if (d.algo == Algo::kTree) {
+        tree_broadcast(c, d.root, d.out, bytes);
+      } else {
+        chain_broadcast(c, d.root, d.out, bytes);
+      }
       return;
     case OpKind::kReduce:
-      chain_reduce(c, d.root, d.out, d.count, d.avg);
+      if (d.algo == Algo::kTree) {
+        tree_reduce(c, d.root, d.out, d.count, d.scratch, d.avg);
+      } else {
+        chain_reduce(c, d.root, d.out, d.count, d.avg);
+      }
       return;
     case OpKind::kScatter:
       direct_scatter(c, d.root, d.in, d.out, bytes);

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "algo/schedules.h"
+#include "comm/algo_choice.h"
 #include "comm/describe.h"
 
 namespace ringcomm {
@@ -18,6 +19,11 @@ struct DeviceCall {
   size_t count = 0;
   int root = -1;
   bool avg = false;
+  // The schedule family: kAuto / kRing run the ring and chain schedules;
+  // kRecursiveDoubling (all_reduce) and kTree (broadcast, reduce) need
+  // `scratch` of count elements (2 * count for the tree reduce), device memory.
+  Algo algo = Algo::kAuto;
+  char* scratch = nullptr;
 };
 
 // Appends the call's steps to c.out (c.elem is the element size).
