@@ -52,12 +52,14 @@ def test_all_reduce_forced_algorithm(algo, world_size):
                 counts=(0, 1, 2, 3, 7, 1000, 65537, checks.BIG), tag=f"algo={algo} ")
 
 
+@pytest.mark.parametrize("algo", ["recursive_doubling", "rabenseifner"])
 @pytest.mark.parametrize("world_size", [2, 3, 5, 8])
-def test_recursive_doubling_all_reduce(world_size):
-    """Recursive doubling (with the fix-up for non-powers of two) for every dtype, op
-    and size: results against numpy, identical bits on every rank (checks.py)."""
-    _run_matrix(world_size, env={"RINGCOMM_ALGO": "all_reduce:recursive_doubling"}, prims=("all_reduce",),
-                counts=(0, 1, 2, 7, 1000, 65537), tag="recursive_doubling ", hard_timeout=240)
+def test_doubling_all_reduce(algo, world_size):
+    """Recursive doubling and Rabenseifner (with the fix-up for non-powers of two) for
+    every dtype, op and size: results against numpy, identical bits on every rank
+    (checks.py)."""
+    _run_matrix(world_size, env={"RINGCOMM_ALGO": f"all_reduce:{algo}"}, prims=("all_reduce",),
+                counts=(0, 1, 2, 7, 1000, 65537), tag=f"{algo} ", hard_timeout=240)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 6, 7])

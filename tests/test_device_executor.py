@@ -115,10 +115,12 @@ def _sim_algo(kind, outs, ins, op, root, algo):
     _C._simulate_device_call(kind, outs, ins, int(op), root, CHUNK, 10.0, algo)
 
 
+@pytest.mark.parametrize("algo", ["recursive_doubling", "rabenseifner"])
 @pytest.mark.parametrize("world", [2, 3, 5, 8])
-def test_recursive_doubling_runs_on_the_device_executor(world):
-    """The same recursive doubling schedule the CPU runs, through the GPU family's
-    translation (groups honour `after`): references, identical bits on every rank."""
+def test_doubling_runs_on_the_device_executor(world, algo):
+    """The same recursive doubling / Rabenseifner schedules the CPU runs, through the
+    GPU family's translation (groups honour `after`): references, identical bits on
+    every rank."""
     for dtype in ("float32", "int32", "bfloat16"):
         cont = checks.containers_for(dtype)[0]
         for op in checks.ops_for(dtype):
@@ -127,12 +129,12 @@ def test_recursive_doubling_runs_on_the_device_executor(world):
                 ref = checks.reference(op, np.stack(vals), dtype, world)
                 tol = checks.tolerance(dtype, op, world)
                 bufs = [checks.make_buf(v, dtype, cont) for v in vals]
-                _sim_algo("all_reduce", bufs, [None] * world, ReduceOp[op.upper()], -1, "recursive_doubling")
+                _sim_algo("all_reduce", bufs, [None] * world, ReduceOp[op.upper()], -1, algo)
                 for r in range(world):
                     err = checks.compare(bufs[r], ref, tol)
-                    assert err is None, f"recursive doubling {dtype} {op} n={n} rank {r}: {err}"
+                    assert err is None, f"{algo} {dtype} {op} n={n} rank {r}: {err}"
                     assert checks.to_np(bufs[r]).tobytes() == checks.to_np(bufs[0]).tobytes(), \
-                        f"recursive doubling {dtype} {op} n={n}: rank {r}'s bits differ from rank 0's"
+                        f"{algo} {dtype} {op} n={n}: rank {r}'s bits differ from rank 0's"
 
 
 @pytest.mark.parametrize("world", [2, 3, 6, 7])

@@ -17,6 +17,7 @@ enum ScheduleFamily : uint8_t {
   kFamilyPull = 3,
   kFamilyRecursiveDoubling = 4,
   kFamilyTree = 5,
+  kFamilyRabenseifner = 6,
 };
 
 struct PlanContext {
@@ -60,6 +61,9 @@ void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scr
 // Recursive doubling (latency optimal: log2 p whole-buffer exchanges, with the
 // fix-up for non-powers of two); `scratch` holds count elements.
 void recursive_doubling_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg);
+// Rabenseifner (reduce-scatter by recursive halving, all-gather by recursive
+// doubling: bandwidth-lean for medium messages); `scratch` holds count elements.
+void rabenseifner_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg);
 
 // Binomial trees rooted at `root` (ceil(log2 n) hops); the reduce's
 // `scratch` holds 2 * count elements.

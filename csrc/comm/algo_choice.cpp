@@ -10,7 +10,8 @@ namespace {
 bool parse_name(const std::string& s, Algo* out) {
   static const std::pair<const char*, Algo> names[] = {
       {"auto", Algo::kAuto}, {"ring", Algo::kRing}, {"oneshot", Algo::kOneShot}, {"pull", Algo::kPull},
-      {"recursive_doubling", Algo::kRecursiveDoubling}, {"tree", Algo::kTree}};
+      {"recursive_doubling", Algo::kRecursiveDoubling}, {"tree", Algo::kTree},
+      {"rabenseifner", Algo::kRabenseifner}};
   for (const auto& n : names) {
     if (s == n.first) {
       *out = n.second;
@@ -42,6 +43,7 @@ bool has(OpKind k, Algo a) {
              k == OpKind::kBroadcast || k == OpKind::kReduce;
     case Algo::kOneShot:
     case Algo::kRecursiveDoubling:
+    case Algo::kRabenseifner:
       return k == OpKind::kAllReduce;
     case Algo::kTree:
       return k == OpKind::kBroadcast || k == OpKind::kReduce;
@@ -70,6 +72,7 @@ const char* algo_name(Algo a) {
     case Algo::kPull: return "pull";
     case Algo::kRecursiveDoubling: return "recursive_doubling";
     case Algo::kTree: return "tree";
+    case Algo::kRabenseifner: return "rabenseifner";
   }
   return "?";
 }

@@ -572,10 +572,15 @@ void Communicator::plan(Call& c) {
         c.tag.algo = kFamilyOneShot;
         if (scratch_.size() < bytes * world_) scratch_.resize(bytes * world_);
         oneshot_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
-      } else if (forced == Algo::kRecursiveDoubling) {
-        c.tag.algo = kFamilyRecursiveDoubling;
+      } else if (forced == Algo::kRecursiveDoubling || forced == Algo::kRabenseifner) {
         if (scratch_.size() < bytes) scratch_.resize(bytes);
-        recursive_doubling_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
+        if (forced == Algo::kRecursiveDoubling) {
+          c.tag.algo = kFamilyRecursiveDoubling;
+          recursive_doubling_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
+        } else {
+          c.tag.algo = kFamilyRabenseifner;
+          rabenseifner_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
+        }
       } else if (pull) {
         c.tag.algo = kFamilyPull;
         pull_all_reduce(ctx, c.a.ptr, c.a.count, avg);

@@ -40,6 +40,7 @@ std::string describe_tag(const MsgTag& t) {
   if (t.algo == 3) s += ", pull";
   if (t.algo == 4) s += ", recursive doubling";
   if (t.algo == 5) s += ", tree";
+  if (t.algo == 6) s += ", rabenseifner";
   s += ")";
   return s;
 }

@@ -10,6 +10,8 @@ void plan_device_call(const PlanContext& c, const DeviceCall& d) {
     case OpKind::kAllReduce:
       if (d.algo == Algo::kRecursiveDoubling) {
         recursive_doubling_all_reduce(c, d.out, d.count, d.scratch, d.avg);
+      } else if (d.algo == Algo::kRabenseifner) {
+        rabenseifner_all_reduce(c, d.out, d.count, d.scratch, d.avg);
       } else {
         ring_all_reduce(c, d.out, d.count, d.avg);
       }
