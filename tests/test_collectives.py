@@ -67,3 +67,10 @@ def test_tree_broadcast_and_reduce(world_size):
     """Binomial trees for broadcast and reduce, every root (the matrix rotates roots)."""
     _run_matrix(world_size, env={"RINGCOMM_ALGO": "tree"}, prims=("broadcast", "reduce"),
                 counts=(0, 1, 7, 1000, 65537), tag="tree ", hard_timeout=240)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5, 7])
+def test_bruck_all_gather(world_size):
+    """Bruck's all-gather (wrapped ranges sent in two pieces) for every dtype and size."""
+    _run_matrix(world_size, env={"RINGCOMM_ALGO": "all_gather:bruck"}, prims=("all_gather",),
+                counts=(0, 1, 7, 1000, 20011), tag="bruck ", hard_timeout=240)

@@ -155,3 +155,13 @@ def test_trees_run_on_the_device_executor(world):
                 for r in range(world):
                     if r != root:
                         assert (checks.to_np(bufs[r]) == vals[r]).all(), f"tree reduce wrote rank {r}'s buffer"
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 7, 8])
+def test_bruck_all_gather_runs_on_the_device_executor(world):
+    for n in (0, 1, 5, 1000):
+        vals = [np.arange(n, dtype=np.int32) + 1000 * r for r in range(world)]
+        outs = [np.zeros(n * world, np.int32) for _ in range(world)]
+        _sim_algo("all_gather", outs, vals, ReduceOp.SUM, -1, "bruck")
+        for r in range(world):
+            assert np.array_equal(outs[r], np.concatenate(vals)), f"bruck all_gather n={n} rank {r}"

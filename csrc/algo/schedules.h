@@ -18,6 +18,7 @@ enum ScheduleFamily : uint8_t {
   kFamilyRecursiveDoubling = 4,
   kFamilyTree = 5,
   kFamilyRabenseifner = 6,
+  kFamilyBruck = 7,
 };
 
 struct PlanContext {
@@ -64,6 +65,9 @@ void recursive_doubling_all_reduce(const PlanContext& c, char* buf, size_t count
 // Rabenseifner (reduce-scatter by recursive halving, all-gather by recursive
 // doubling: bandwidth-lean for medium messages); `scratch` holds count elements.
 void rabenseifner_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg);
+
+// Bruck's all-gather (ceil(log2 n) steps for any n, blocks received in place).
+void bruck_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);
 
 // Binomial trees rooted at `root` (ceil(log2 n) hops); the reduce's
 // `scratch` holds 2 * count elements.

@@ -11,7 +11,7 @@ bool parse_name(const std::string& s, Algo* out) {
   static const std::pair<const char*, Algo> names[] = {
       {"auto", Algo::kAuto}, {"ring", Algo::kRing}, {"oneshot", Algo::kOneShot}, {"pull", Algo::kPull},
       {"recursive_doubling", Algo::kRecursiveDoubling}, {"tree", Algo::kTree},
-      {"rabenseifner", Algo::kRabenseifner}};
+      {"rabenseifner", Algo::kRabenseifner}, {"bruck", Algo::kBruck}};
   for (const auto& n : names) {
     if (s == n.first) {
       *out = n.second;
@@ -47,6 +47,8 @@ bool has(OpKind k, Algo a) {
       return k == OpKind::kAllReduce;
     case Algo::kTree:
       return k == OpKind::kBroadcast || k == OpKind::kReduce;
+    case Algo::kBruck:
+      return k == OpKind::kAllGather;
   }
   return false;
 }
@@ -73,6 +75,7 @@ const char* algo_name(Algo a) {
     case Algo::kRecursiveDoubling: return "recursive_doubling";
     case Algo::kTree: return "tree";
     case Algo::kRabenseifner: return "rabenseifner";
+    case Algo::kBruck: return "bruck";
   }
   return "?";
 }

@@ -8,7 +8,7 @@
 // Names: ring (all_reduce, reduce_scatter, all_gather; the chain for broadcast
 // and reduce), oneshot (all_reduce), pull (every collective and send/recv),
 // recursive_doubling (all_reduce), rabenseifner (all_reduce), tree
-// (binomial: broadcast, reduce).
+// (binomial: broadcast, reduce), bruck (all_gather).
 #pragma once
 
 #include <array>
@@ -18,7 +18,7 @@
 
 namespace ringcomm {
 
-enum class Algo : uint8_t { kAuto, kRing, kOneShot, kPull, kRecursiveDoubling, kTree, kRabenseifner };
+enum class Algo : uint8_t { kAuto, kRing, kOneShot, kPull, kRecursiveDoubling, kTree, kRabenseifner, kBruck };
 constexpr int kNumOpKinds = static_cast<int>(OpKind::kBarrier) + 1;
 
 struct AlgoChoice {

@@ -598,7 +598,10 @@ void Communicator::plan(Call& c) {
       }
       break;
     case OpKind::kAllGather:
-      if (pull) {
+      if (forced == Algo::kBruck) {
+        c.tag.algo = kFamilyBruck;
+        bruck_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);
+      } else if (pull) {
         pull_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);
       } else {
         ring_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);

@@ -41,6 +41,7 @@ std::string describe_tag(const MsgTag& t) {
   if (t.algo == 4) s += ", recursive doubling";
   if (t.algo == 5) s += ", tree";
   if (t.algo == 6) s += ", rabenseifner";
+  if (t.algo == 7) s += ", bruck";
   s += ")";
   return s;
 }

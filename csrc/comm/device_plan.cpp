@@ -20,7 +20,11 @@ void plan_device_call(const PlanContext& c, const DeviceCall& d) {
       ring_reduce_scatter(c, d.in, d.out, d.count, d.avg);
       return;
     case OpKind::kAllGather:
-      ring_all_gather(c, d.in, d.out, d.count);
+      if (d.algo == Algo::kBruck) {
+        bruck_all_gather(c, d.in, d.out, d.count);
+      } else {
+        ring_all_gather(c, d.in, d.out, d.count);
+      }
       return;
     case OpKind::kBroadcast:
       if (d.algo == Algo::kTree) {

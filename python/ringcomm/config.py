@@ -5,7 +5,8 @@ ValueError naming the variable (a keyword of the wrong type a TypeError).
 RINGCOMM_TIMEOUT           seconds any blocking wait may take (default 300; > 0, at most 30 days)
 RINGCOMM_ALGO              auto | one name, forced for every op that has it: ring, oneshot (all_reduce),
                            pull (every collective and send/recv by single-copy pulls, where the OS
-                           allows), recursive_doubling, rabenseifner (all_reduce), tree (broadcast, reduce) |
+                           allows), recursive_doubling, rabenseifner (all_reduce), tree (broadcast, reduce),
+                           bruck (all_gather) |
                            op:name,... per op (e.g. all_reduce:recursive_doubling,broadcast:tree)
 RINGCOMM_PULL              0 disables single-copy pulls (default 1; 0 or 1)
 RINGCOMM_PULL_MIN_BYTES    send/recv of at least this size pull (default 16 MiB; 0 to 2**63 - 1)
@@ -28,7 +29,7 @@ import re
 from ringcomm import _C, validate
 
 DEFAULT_TIMEOUT_S = 300.0
-ALGOS = ("auto", "ring", "oneshot", "pull", "recursive_doubling", "rabenseifner", "tree")
+ALGOS = ("auto", "ring", "oneshot", "pull", "recursive_doubling", "rabenseifner", "tree", "bruck")
 TRANSPORTS = ("auto", "shm", "tcp")
 
 # Ranges of the size settings. The one-shot all_reduce keeps a scratch buffer
