@@ -9,7 +9,7 @@
 
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
-#include "comm/device_plan.h"
+#include "comm/call_plan.h"
 #include "comm/device_sim.h"
 
 namespace py = pybind11;
@@ -49,7 +49,7 @@ void bind_device_sim(py::module_& m) {
           threads.emplace_back([&, r] {
             try {
               const size_t elem = dtype_size(dtype);
-              DeviceCall call;
+              CallPlan call;
               call.kind = k;
               call.out = o[r].ptr;
               call.in = i[r].ptr;
@@ -63,7 +63,7 @@ void bind_device_sim(py::module_& m) {
               MsgTag tag;
               Schedule steps;
               PlanContext ctx{r, world, elem, std::max<size_t>(1, chunk_bytes / elem), &tag, &steps, nullptr};
-              plan_device_call(ctx, call);
+              plan_call(ctx, call);
               DeviceExecutor ex(chunk_bytes);
               SimOps ops(&fabric, r);
               ex.run(steps, ops, dtype, rop);

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "algo/schedules.h"
+#include "comm/call_plan.h"
 #include "ringcomm/copy.h"
 #include "ringcomm/reducer.h"
 
@@ -558,105 +559,43 @@ void Communicator::plan(Call& c) {
   schedule_.clear();
   const bool rooted = c.kind == OpKind::kBroadcast || c.kind == OpKind::kReduce || c.kind == OpKind::kScatter ||
                       c.kind == OpKind::kGather;
+  if (rooted && config_.check_agreement) push_agreement(ctx);
+  if (c.kind == OpKind::kSend || c.kind == OpKind::kBarrier) {
+    c.tag.algo = kFamilyFifo;
+    if (c.kind == OpKind::kSend) {
+      plan_p2p(c, ctx);
+    } else {
+      all_pairs_barrier(ctx);
+    }
+    return;
+  }
+  CallPlan call;
+  call.kind = c.kind;
+  call.out = c.a.ptr;
+  call.in = c.b.ptr;
+  const bool by_input = c.kind == OpKind::kAllGather || c.kind == OpKind::kGather || c.kind == OpKind::kAllToAll;
+  call.count = by_input ? c.b.count : c.a.count;
+  call.root = c.root;
+  call.avg = avg;
+  call.algo = resolve_algo(c.kind, c.a.nbytes());
+  const size_t need = scratch_bytes(call, elem, world_);
+  if (scratch_.size() < need) scratch_.resize(need);
+  call.scratch = scratch_.data();
+  c.tag.algo = plan_call(ctx, call);
+}
+
+// What `auto` (or a forced choice this rank cannot run) means for a call:
+// decided from what every rank knows alike (the configuration, the size,
+// whether every rank can pull), so that all ranks pick the same family.
+Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
+  const Algo forced = algos_.of(kind);
   // Collectives use the FIFO schedules unless pull is forced: measured here,
   // their cache-resident slots beat the kernel's cross-process copy (README,
-  // Performance). Decided from what every rank knows alike.
-  const Algo forced = algos_.of(c.kind);
-  const bool pull = pull_ok_ && forced == Algo::kPull;
-  c.tag.algo = pull ? kFamilyPull : kFamilyFifo;
-  if (rooted && config_.check_agreement) push_agreement(ctx);
-  switch (c.kind) {
-    case OpKind::kAllReduce: {
-      const size_t bytes = c.a.nbytes();
-      if (forced == Algo::kOneShot || (forced == Algo::kAuto && bytes <= config_.oneshot_max_bytes)) {
-        c.tag.algo = kFamilyOneShot;
-        if (scratch_.size() < bytes * world_) scratch_.resize(bytes * world_);
-        oneshot_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
-      } else if (forced == Algo::kRecursiveDoubling || forced == Algo::kRabenseifner) {
-        if (scratch_.size() < bytes) scratch_.resize(bytes);
-        if (forced == Algo::kRecursiveDoubling) {
-          c.tag.algo = kFamilyRecursiveDoubling;
-          recursive_doubling_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
-        } else {
-          c.tag.algo = kFamilyRabenseifner;
-          rabenseifner_all_reduce(ctx, c.a.ptr, c.a.count, scratch_.data(), avg);
-        }
-      } else if (pull) {
-        c.tag.algo = kFamilyPull;
-        pull_all_reduce(ctx, c.a.ptr, c.a.count, avg);
-      } else {
-        c.tag.algo = kFamilyRing;
-        ring_all_reduce(ctx, c.a.ptr, c.a.count, avg);
-      }
-      break;
-    }
-    case OpKind::kReduceScatter:
-      if (pull) {
-        pull_reduce_scatter(ctx, c.b.ptr, c.a.ptr, c.a.count, avg);
-      } else {
-        ring_reduce_scatter(ctx, c.b.ptr, c.a.ptr, c.a.count, avg);
-      }
-      break;
-    case OpKind::kAllGather:
-      if (forced == Algo::kBruck) {
-        c.tag.algo = kFamilyBruck;
-        bruck_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);
-      } else if (pull) {
-        pull_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);
-      } else {
-        ring_all_gather(ctx, c.b.ptr, c.a.ptr, c.b.count);
-      }
-      break;
-    case OpKind::kBroadcast:
-      if (forced == Algo::kTree) {
-        c.tag.algo = kFamilyTree;
-        tree_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
-      } else if (pull) {
-        pull_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
-      } else {
-        chain_broadcast(ctx, c.root, c.a.ptr, c.a.nbytes());
-      }
-      break;
-    case OpKind::kReduce:
-      if (forced == Algo::kTree) {
-        c.tag.algo = kFamilyTree;
-        if (scratch_.size() < 2 * c.a.nbytes()) scratch_.resize(2 * c.a.nbytes());
-        tree_reduce(ctx, c.root, c.a.ptr, c.a.count, scratch_.data(), avg);
-      } else if (pull) {
-        pull_reduce_to_root(ctx, c.root, c.a.ptr, c.a.count, avg);
-      } else {
-        chain_reduce(ctx, c.root, c.a.ptr, c.a.count, avg);
-      }
-      break;
-    case OpKind::kScatter:
-      if (pull) {
-        pull_scatter(ctx, c.root, c.b.ptr, c.a.ptr, c.a.nbytes());
-      } else {
-        direct_scatter(ctx, c.root, c.b.ptr, c.a.ptr, c.a.nbytes());
-      }
-      break;
-    case OpKind::kGather:
-      if (pull) {
-        pull_gather(ctx, c.root, c.b.ptr, c.a.ptr, c.b.nbytes());
-      } else {
-        direct_gather(ctx, c.root, c.b.ptr, c.a.ptr, c.b.nbytes());
-      }
-      break;
-    case OpKind::kAllToAll:
-      if (pull) {
-        pull_all_to_all(ctx, c.b.ptr, c.a.ptr, c.b.nbytes() / world_);
-      } else {
-        pairwise_all_to_all(ctx, c.b.ptr, c.a.ptr, c.b.nbytes() / world_);
-      }
-      break;
-    case OpKind::kSend:
-      plan_p2p(c, ctx);
-      break;
-    case OpKind::kBarrier:
-      c.tag.algo = kFamilyFifo;
-      all_pairs_barrier(ctx);
-      break;
-  }
+  // Performance).
+  if (forced == Algo::kPull) return pull_ok_ ? Algo::kPull : Algo::kAuto;
+  if (forced != Algo::kAuto) return forced;
+  if (kind == OpKind::kAllReduce && bytes <= config_.oneshot_max_bytes) return Algo::kOneShot;
+  return Algo::kAuto;
 }
 
 // Rooted schedules do not make every rank hear from every other (a chain

@@ -165,6 +165,7 @@ class Communicator {
   void fail(const std::string& message);
   Clock::time_point deadline_from_now() const;
   void plan(Call& call);
+  Algo resolve_algo(OpKind kind, size_t bytes) const;
   void plan_p2p(Call& call, const PlanContext& ctx);
   void worker_loop();
   void run_front(std::unique_lock<std::mutex>& lk);

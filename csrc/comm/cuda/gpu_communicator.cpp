@@ -284,12 +284,12 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
 
 // The "ring" family: the call's schedule (comm/device_plan.cpp), run by the
 // device executor on stream `s`. Slices of the ring are one chunk each.
-void GpuCommunicator::run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const DeviceCall& call) {
+void GpuCommunicator::run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const CallPlan& call) {
   const size_t elem = dtype_size(dtype);
   schedule_.clear();
   PlanContext ctx{rank_, world_, elem, std::max<size_t>(1, executor_->chunk_bytes() / elem), &tag_, &schedule_,
                   nullptr};
-  plan_device_call(ctx, call);
+  plan_call(ctx, call);
   ops_->set_stream(s);
   // Calls captured into a CUDA graph (queued on the capturing stream, not on
   // stream_) get scratch of their own: a replay may run beside eager calls.

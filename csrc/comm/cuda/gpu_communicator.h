@@ -30,7 +30,7 @@
 #include "comm/buffer.h"
 #include "comm/cuda/nccl_device_ops.h"
 #include "comm/device_executor.h"
-#include "comm/device_plan.h"
+#include "comm/call_plan.h"
 #include "comm/cuda/gpu_work.h"
 #include "transport/nccl/nccl_comm.h"
 
@@ -93,7 +93,7 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   void stop_watchdog();
   void set_error(const std::string& e);
   std::string error();
-  void run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const DeviceCall& call);
+  void run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const CallPlan& call);
 
   int rank_;
   int world_;

@@ -1,0 +1,107 @@
+#include "comm/call_plan.h"
+
+#include "ringcomm/types.h"
+
+namespace ringcomm {
+
+size_t scratch_bytes(const CallPlan& d, size_t elem, int world) {
+  const size_t bytes = d.count * elem;
+  switch (d.algo) {
+    case Algo::kOneShot: return d.kind == OpKind::kAllReduce ? bytes * static_cast<size_t>(world) : 0;
+    case Algo::kRecursiveDoubling:
+    case Algo::kRabenseifner: return d.kind == OpKind::kAllReduce ? bytes : 0;
+    case Algo::kTree: return d.kind == OpKind::kReduce ? 2 * bytes : 0;
+    default: return 0;
+  }
+}
+
+ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
+  const size_t bytes = d.count * c.elem;
+  const bool pull = d.algo == Algo::kPull;
+  switch (d.kind) {
+    case OpKind::kAllReduce:
+      switch (d.algo) {
+        case Algo::kOneShot:
+          oneshot_all_reduce(c, d.out, d.count, d.scratch, d.avg);
+          return kFamilyOneShot;
+        case Algo::kRecursiveDoubling:
+          recursive_doubling_all_reduce(c, d.out, d.count, d.scratch, d.avg);
+          return kFamilyRecursiveDoubling;
+        case Algo::kRabenseifner:
+          rabenseifner_all_reduce(c, d.out, d.count, d.scratch, d.avg);
+          return kFamilyRabenseifner;
+        case Algo::kPull:
+          pull_all_reduce(c, d.out, d.count, d.avg);
+          return kFamilyPull;
+        default:
+          ring_all_reduce(c, d.out, d.count, d.avg);
+          return kFamilyRing;
+      }
+    case OpKind::kReduceScatter:
+      if (pull) {
+        pull_reduce_scatter(c, d.in, d.out, d.count, d.avg);
+      } else {
+        ring_reduce_scatter(c, d.in, d.out, d.count, d.avg);
+      }
+      break;
+    case OpKind::kAllGather:
+      if (d.algo == Algo::kBruck) {
+        bruck_all_gather(c, d.in, d.out, d.count);
+        return kFamilyBruck;
+      }
+      if (pull) {
+        pull_all_gather(c, d.in, d.out, d.count);
+      } else {
+        ring_all_gather(c, d.in, d.out, d.count);
+      }
+      break;
+    case OpKind::kBroadcast:
+      if (d.algo == Algo::kTree) {
+        tree_broadcast(c, d.root, d.out, bytes);
+        return kFamilyTree;
+      }
+      if (pull) {
+        pull_broadcast(c, d.root, d.out, bytes);
+      } else {
+        chain_broadcast(c, d.root, d.out, bytes);
+      }
+      break;
+    case OpKind::kReduce:
+      if (d.algo == Algo::kTree) {
+        tree_reduce(c, d.root, d.out, d.count, d.scratch, d.avg);
+        return kFamilyTree;
+      }
+      if (pull) {
+        pull_reduce_to_root(c, d.root, d.out, d.count, d.avg);
+      } else {
+        chain_reduce(c, d.root, d.out, d.count, d.avg);
+      }
+      break;
+    case OpKind::kScatter:
+      if (pull) {
+        pull_scatter(c, d.root, d.in, d.out, bytes);
+      } else {
+        direct_scatter(c, d.root, d.in, d.out, bytes);
+      }
+      break;
+    case OpKind::kGather:
+      if (pull) {
+        pull_gather(c, d.root, d.in, d.out, bytes);
+      } else {
+        direct_gather(c, d.root, d.in, d.out, bytes);
+      }
+      break;
+    case OpKind::kAllToAll:
+      if (pull) {
+        pull_all_to_all(c, d.in, d.out, bytes / c.world);
+      } else {
+        pairwise_all_to_all(c, d.in, d.out, bytes / c.world);
+      }
+      break;
+    default:
+      throw Error("ringcomm: no collective schedule for this call");
+  }
+  return pull ? kFamilyPull : kFamilyFifo;
+}
+
+}  // namespace ringcomm
