@@ -153,6 +153,42 @@ def _ctrl_c_in_close(ctx, fails, msgs):
     _sync(ctx, "closec")
 
 
+def _close_from_a_signal_handler(ctx, fails, msgs):
+    """A signal handler (run by Python while the main thread's call waits) calls
+    close(): no hang, no crash: the call ends with an error at once and the
+    communicator ends closed."""
+    import ringcomm
+
+    comm = _new_comm(ctx)
+    r = ctx.rank
+    if r == 0:
+        old = signal.signal(signal.SIGUSR2, lambda *_: comm.close())
+        fired = []
+        _later(0.3, lambda: (fired.append(time.monotonic()), os.kill(os.getpid(), signal.SIGUSR2)))
+        try:
+            comm.all_reduce(np.ones(BIG, np.float32))
+            fails.append("handler close: all_reduce returned")
+        except ringcomm.RingcommError as e:
+            late = time.monotonic() - fired[0]
+            msgs.append(f"close() in a signal handler: {type(e).__name__} {late * 1e3:.1f} ms later: {first_line(e)}")
+            if late > PROMPT + SLACK:
+                fails.append(f"handler close: the call raised {late:.3f} s after the signal")
+        finally:
+            signal.signal(signal.SIGUSR2, old)
+        if "closed" not in repr(comm):
+            fails.append(f"handler close: afterwards the communicator is {comm!r}")
+        ctx.store.set("hclose/done", "1")
+    else:
+        ctx.store.wait(["hclose/done"], timedelta(seconds=60))
+        try:
+            comm.barrier()
+            fails.append(f"handler close: rank {r}'s barrier succeeded")
+        except ringcomm.RingcommError:
+            pass
+        comm.close()
+    _sync(ctx, "hclose")
+
+
 def _root_mismatch(ctx, op, fails, msgs):
     """Ranks disagree on the root of `op`: every rank raises CollectiveMismatchError
     (none returns), naming the roots."""
@@ -356,6 +392,7 @@ def _faults(comm, transport):
         for size in sizes:
             _blocked_call_interrupted(ctx, how, size, fails, msgs)
     _ctrl_c_in_close(ctx, fails, msgs)
+    _close_from_a_signal_handler(ctx, fails, msgs)
     for op in ("broadcast", "reduce", "scatter", "gather"):
         _root_mismatch(ctx, op, fails, msgs)
     _split_mismatch(ctx, fails, msgs)

@@ -69,6 +69,25 @@ Communicator::Communicator(int rank, int world, Config config)
   small_p2p_ = !algos_.forces_pull_everywhere && config_.slot_bytes < config_.pull_min_bytes;
 }
 
+namespace {
+// The communicators (by their inside-counter) the calling thread is in a call of.
+thread_local std::vector<const std::atomic<int>*> t_inside;
+}  // namespace
+
+Communicator::Inside::Inside(std::atomic<int>& n) : n_(n) {
+  n_.fetch_add(1, std::memory_order_acq_rel);
+  t_inside.push_back(&n_);
+}
+
+Communicator::Inside::~Inside() {
+  t_inside.pop_back();
+  n_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+bool Communicator::thread_inside(const std::atomic<int>* counter) {
+  return std::find(t_inside.begin(), t_inside.end(), counter) != t_inside.end();
+}
+
 Communicator::~Communicator() {
   try {
     close();
@@ -761,6 +780,15 @@ void Communicator::execute_p2p(Item first) {
 }
 
 void Communicator::close() {
+  if (thread_inside(&inside_)) {
+    // close() from inside one of this communicator's calls on this thread (a
+    // Python signal handler run while the call waited): releasing now would
+    // pull the transport from under that call. Abort it instead; the caller
+    // closes (or the last reference releases it) once the call has returned.
+    abort("close() was called from inside a call of this communicator (a signal handler?)");
+    throw Error("ringcomm: close() called from inside a call of this communicator on the same thread (a signal "
+                "handler?): the communicator is aborted instead, and released once that call has returned");
+  }
   std::unique_lock<std::mutex> lk(mu_);
   if (closing_) {  // another thread closes it: wait until it is done
     closed_cv_.wait(lk, [&] { return closed_.load(); });

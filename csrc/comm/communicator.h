@@ -177,11 +177,14 @@ class Communicator {
   CallInfo info_of(const Call& c) const;
   void push_agreement(const PlanContext& ctx);
   // A thread inside a call of this communicator (close() waits for it to leave).
+  // The thread also notes which communicators it is inside (a signal
+  // handler run by a wait of this call must not close() it under its feet).
   struct Inside {
-    explicit Inside(std::atomic<int>& n) : n_(n) { n_.fetch_add(1, std::memory_order_acq_rel); }
-    ~Inside() { n_.fetch_sub(1, std::memory_order_acq_rel); }
+    explicit Inside(std::atomic<int>& n);
+    ~Inside();
     std::atomic<int>& n_;
   };
+  static bool thread_inside(const std::atomic<int>* counter);
   void check_root(int root, const char* arg) const;
   void check_peer(int peer, const char* arg) const;
   Call collective(OpKind kind, DataType dtype, size_t count, const char* name);
