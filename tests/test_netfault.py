@@ -249,10 +249,16 @@ def _check_raised_in_time(run):
         assert rep["type"] in ("RingcommError", "TimeoutError"), \
             f"rank {rank} raised {rep['type']}, expected ringcomm.RingcommError: {rep['error']}"
         if run["scenario"] == "mid":
-            # The call that failed was running when the link went down.
-            assert rep["t_call"] < run["t_down"], \
-                f"rank {rank}: the failing call began after the link went down: {rep}"
-            det, since = rep["t_raise"] - run["t_down"], "the link went down"
+            # The ranks were in the loop of back-to-back calls when the link went
+            # down. The call then in flight may still complete from data already
+            # in the kernel's socket buffers (seen: it ended 44 ms after the link
+            # went down), and the next one is the one that fails: it must begin
+            # at most one call's time later, or the link went down between calls
+            # that were not back to back.
+            slack = 2 * run["big_all_reduce_s"] + 0.1
+            assert rep["t_call"] < run["t_down"] + slack, \
+                f"rank {rank}: the failing call began {rep['t_call'] - run['t_down']:.3f} s after the link went down: {rep}"
+            det, since = rep["t_raise"] - max(rep["t_call"], run["t_down"]), "the link went down (or, later, the call began)"
         else:  # the link was down before the call: its deadline runs from the call
             det, since = rep["t_raise"] - rep["t_call"], "the call began (the link was down)"
         assert det <= TIMEOUT + MARGIN, (f"rank {rank} raised {det:.2f}s after {since} "
