@@ -571,3 +571,18 @@ def test_gpu_path_checks_roots_and_its_settings_without_a_gpu(monkeypatch):
                 GpuPath(comm)
     finally:
         comm.close()
+
+
+def test_process_group_built_directly_checks_its_arguments():
+    from ringcomm.torch_backend.process_group import ProcessGroupRingcomm
+
+    store = torch.distributed.HashStore()
+    for rank, size, exc, word in ((0.7, 1, TypeError, "rank"), ("0", 1, TypeError, "rank"),
+                                  (0, 1.0, TypeError, "size"), (0, 0, ValueError, "size"),
+                                  (1, 1, ValueError, "rank"), (-1, 2, ValueError, "rank")):
+        with pytest.raises(exc, match=word):
+            ProcessGroupRingcomm(store, rank, size)
+    with pytest.raises(TypeError, match="store"):
+        ProcessGroupRingcomm("hello", 0, 1)
+    pg = ProcessGroupRingcomm(store, 0, 1)
+    pg.shutdown()

@@ -12,6 +12,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from ringcomm import validate
+
 from ringcomm.communicator import Communicator
 from ringcomm.config import make_config
 from ringcomm.reduce_op import ReduceOp
@@ -51,6 +53,12 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     """
 
     def __init__(self, store, rank, size, timeout=None, *, group_name=""):
+        # Checked here, before torch's constructor turns a bad value into a signature dump.
+        rank = validate.index(rank, "rank")
+        size = validate.index(size, "size", 1, 2**31 - 1)
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is out of range for size {size}")
+        validate.store(store)
         super().__init__(rank, size)
         # torch hands every group its own PrefixStore, but reuses group names
         # after destroy_process_group(): count this rank's groups on the store
