@@ -411,34 +411,16 @@ bool TcpTransport::pump_out(TcpLink& l) {
   const bool aborting = aborted_.load(std::memory_order_relaxed);
   bool moved = false;
   for (int round = 0; round < 8 && !l.done_writing_; ++round) {
-    if (l.woff_ == 0 && l.coff_ == 0 && l.soff_ < l.status_out_.size()) {
-      // STATUS frames go between frames; nothing else starts before they are out.
-      ssize_t put = ::send(l.fd_.get(), l.status_out_.data() + l.soff_, l.status_out_.size() - l.soff_,
-                           MSG_NOSIGNAL);
-      if (put < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          l.out_ready_ = false;
-        } else {
-          on_eof(l, errno);
-          l.done_writing_ = true;
-        }
-        break;
-      }
-      moved = true;
-      l.soff_ += static_cast<size_t>(put);
-      if (l.soff_ == l.status_out_.size()) {
-        l.status_out_.clear();
-        l.soff_ = 0;
-      }
-      continue;
-    }
-    if (l.soff_ != 0) break;
     struct iovec iov[kMaxIov];
     int n = 0;
-    const bool ctrl = l.woff_ == 0 && l.coff_ < l.ctrl_.size();
+    // STATUS frames go between frames (they are not final), and nothing else
+    // starts before a partly sent one is out.
+    const bool status = l.woff_ == 0 && l.coff_ == 0 && l.soff_ < l.status_out_.size();
+    const bool ctrl = !status && l.woff_ == 0 && l.coff_ < l.ctrl_.size();
     const uint64_t head = l.out_head_.load(std::memory_order_relaxed);
-    if (ctrl) {
+    if (status) {
+      iov[n++] = {&l.status_out_[l.soff_], l.status_out_.size() - l.soff_};
+    } else if (ctrl) {
       iov[n++] = {&l.ctrl_[l.coff_], l.ctrl_.size() - l.coff_};
     } else {
       // After an abort only a partly sent frame is finished (the peer's
@@ -474,6 +456,14 @@ bool TcpTransport::pump_out(TcpLink& l) {
       break;
     }
     moved = true;
+    if (status) {
+      l.soff_ += static_cast<size_t>(put);
+      if (l.soff_ == l.status_out_.size()) {
+        l.status_out_.clear();
+        l.soff_ = 0;
+      }
+      continue;
+    }
     if (ctrl) {
       l.coff_ += static_cast<size_t>(put);
       if (l.coff_ == l.ctrl_.size()) {
