@@ -12,13 +12,13 @@ Needs root and `ip` (iproute2); skips with the reason where namespaces cannot be
 import json
 import os
 import random
-import re
-import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
+
+import netns
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NPROC = 2  # ranks per host
@@ -26,49 +26,11 @@ HARD_TIMEOUT = 240.0
 ADDRS = ("10.77.0.1", "10.77.0.2")
 
 
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
-
-
-def _delete_stale_namespaces():
-    """Namespaces left by a run that was killed before its clean-up (its pid is gone)."""
-    listing = _ip("netns", "list", check=False).stdout
-    for name in re.findall(r"^rcmh(\d+)[ab]\b", listing, re.MULTILINE):
-        if not os.path.exists(f"/proc/{name}"):
-            for side in "ab":
-                _ip("netns", "del", f"rcmh{name}{side}", check=False)
-
-
 @pytest.fixture
 def two_hosts():
     """Two namespaces joined by a veth pair (ADDRS); both are deleted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("creating network namespaces needs root")
-    if shutil.which("ip") is None:
-        pytest.skip("`ip` (iproute2) is not installed")
-    _delete_stale_namespaces()
-    tag = str(os.getpid())
-    names = [f"rcmh{tag}a", f"rcmh{tag}b"]
-    veths = [f"rcv{tag}a", f"rcv{tag}b"]  # interface names: 15 characters at most
-    made = []
-    try:
-        try:
-            for ns in names:
-                _ip("netns", "add", ns)
-                made.append(ns)
-            _ip("link", "add", veths[0], "type", "veth", "peer", "name", veths[1])
-            for ns, dev, addr in zip(names, veths, ADDRS):
-                _ip("link", "set", dev, "netns", ns)
-                _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-                _ip("-n", ns, "link", "set", dev, "up")
-                _ip("-n", ns, "link", "set", "lo", "up")
-        except subprocess.CalledProcessError as e:
-            pytest.skip(f"cannot create network namespaces here: {' '.join(e.cmd)}: {e.stderr.strip()}")
-        yield names, veths
-    finally:
-        for ns in made:  # deleting a namespace deletes its end of the veth pair, and so the pair
-            _ip("netns", "del", ns, check=False)
-        _ip("link", "del", veths[0], check=False)  # still in the root namespace if a move failed
+    with netns.two_hosts("rcmh", "rcv", ADDRS) as hosts:
+        yield hosts
 
 
 def _torchrun():

@@ -15,17 +15,17 @@ detection times and messages are printed (run with -s).
 Needs root and `ip` (iproute2); skips with the reason where namespaces cannot be made.
 """
 
-import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+import netns
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ADDRS = ("10.78.0.1", "10.78.0.2")
@@ -34,55 +34,6 @@ MARGIN = 2.0  # how late after the deadline an error may come
 EXIT_LIMIT = 10.0  # seconds from the error to the process's exit (close() included)
 START_LIMIT = 90.0  # seconds for both ranks to start, join and warm up
 CHILD_LIMIT = 150.0  # hard limit on a rank process's whole life
-
-
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
-
-
-def _delete_stale_namespaces():
-    """Namespaces left by a run that was killed before its clean-up (its pid is gone)."""
-    listing = _ip("netns", "list", check=False).stdout
-    for pid in set(re.findall(r"^rcnf(\d+)[a-z]+[ab]\b", listing, re.MULTILINE)):
-        if not os.path.exists(f"/proc/{pid}"):
-            for name in re.findall(rf"^(rcnf{pid}[a-z]+[ab])\b", listing, re.MULTILINE):
-                _ip("netns", "del", name, check=False)
-
-
-def _skip_reason():
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    if shutil.which("ip") is None:
-        return "`ip` (iproute2) is not installed"
-    return None
-
-
-@contextlib.contextmanager
-def _two_hosts(tag):
-    """Two namespaces joined by a veth pair (ADDRS); both are deleted afterwards."""
-    _delete_stale_namespaces()
-    base = f"{os.getpid()}{tag}"
-    names = [f"rcnf{base}a", f"rcnf{base}b"]
-    veths = [f"rnf{base}a"[-15:], f"rnf{base}b"[-15:]]  # interface names: 15 characters at most
-    made = []
-    try:
-        try:
-            for ns in names:
-                _ip("netns", "add", ns)
-                made.append(ns)
-            _ip("link", "add", veths[0], "type", "veth", "peer", "name", veths[1])
-            for ns, dev, addr in zip(names, veths, ADDRS):
-                _ip("link", "set", dev, "netns", ns)
-                _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-                _ip("-n", ns, "link", "set", dev, "up")
-                _ip("-n", ns, "link", "set", "lo", "up")
-        except subprocess.CalledProcessError as e:
-            pytest.skip(f"cannot create network namespaces here: {' '.join(e.cmd)}: {e.stderr.strip()}")
-        yield names, veths
-    finally:
-        for ns in made:  # deleting a namespace deletes its end of the veth pair, and so the pair
-            _ip("netns", "del", ns, check=False)
-        _ip("link", "del", veths[0], check=False)  # still in the root namespace if a move failed
 
 
 def _read_json(path):
@@ -113,7 +64,7 @@ def _run_scenario(scenario, out_dir):
     env["OMP_NUM_THREADS"] = "1"
     run = {"scenario": scenario, "problems": [], "t_down": None, "exit": {}, "reports": {},
            "logs": {}}
-    with _two_hosts(scenario[:4]) as (names, veths):
+    with netns.two_hosts("rcnf", "rnf", ADDRS, scenario[:4]) as (names, veths):
         procs, logs = [], []
         try:
             for rank, (ns, dev) in enumerate(zip(names, veths)):
@@ -143,7 +94,7 @@ def _run_scenario(scenario, out_dir):
                 run["problems"].append("a rank exited before the link went down")
                 return run
             run["t_down"] = time.monotonic()
-            _ip("-n", names[0], "link", "set", veths[0], "down")
+            netns.ip("-n", names[0], "link", "set", veths[0], "down")
             run["t_down_done"] = time.monotonic()
             if scenario == "idle":
                 time.sleep(0.2)
@@ -187,7 +138,7 @@ _RUNS = {}
 
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory):
-    reason = _skip_reason()
+    reason = netns.skip_reason()
     if reason:
         pytest.skip(reason)
 
