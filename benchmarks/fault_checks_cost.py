@@ -14,21 +14,9 @@ communicator (slowest rank), and their ratio. Run it alone (no other load).
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import socket
 import statistics
 import time
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def free_port():
@@ -104,7 +92,9 @@ def main():
     res = dict(q.get(timeout=1800) for _ in procs)
     for p in procs:
         p.join(60)
-    print(f"# CPU: {cpu_model()}, {os.cpu_count()} cores; {a.nproc} ranks, shared memory; "
+    from ringcomm.bench.report import _cpu_model
+
+    print(f"# CPU: {_cpu_model()}, {os.cpu_count()} cores; {a.nproc} ranks, shared memory; "
           f"{a.blocks} alternating blocks of {a.iters} calls; per-call time, median over blocks, slowest rank")
     print(f"{'op':<12}{'bytes':>7}{'check on (us)':>15}{'check off (us)':>16}{'ratio':>8}")
     for op, nbytes in CASES:

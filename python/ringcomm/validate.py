@@ -96,6 +96,17 @@ def _is_bool(value):
 
 # -- arguments ------------------------------------------------------------------
 
+def _check_range(v, name, lo, hi, bound_text, value_text):
+    """ValueError unless lo <= v <= hi (either bound may be None)."""
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        got = value_text(v)
+        if hi is None:
+            raise ValueError(f"{name} must be at least {bound_text(lo)}, got {got}")
+        if lo is None:
+            raise ValueError(f"{name} must be at most {bound_text(hi)}, got {got}")
+        raise ValueError(f"{name} must be between {bound_text(lo)} and {bound_text(hi)}, got {got}")
+
+
 def index(value, name, lo=None, hi=None):
     """`value` as a Python int: anything with __index__ (int, numpy and 0-d
     torch integers), not bool, float, str or None. With lo / hi (inclusive)
@@ -106,12 +117,7 @@ def index(value, name, lo=None, hi=None):
         v = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an integer, got {_got(value)}") from None
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        if hi is None:
-            raise ValueError(f"{name} must be at least {lo}, got {show(v)}")
-        if lo is None:
-            raise ValueError(f"{name} must be at most {hi}, got {show(v)}")
-        raise ValueError(f"{name} must be between {lo} and {hi}, got {show(v)}")
+    _check_range(v, name, lo, hi, str, show)
     return v
 
 
@@ -134,12 +140,8 @@ def real(value, name, lo=None, hi=None):
         v = math.inf if value > 0 else -math.inf
     if not math.isfinite(v):
         raise ValueError(f"{name} must be a finite number, got {show(value)}")
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        if hi is None:
-            raise ValueError(f"{name} must be at least {lo:g}, got {v:g}")
-        if lo is None:
-            raise ValueError(f"{name} must be at most {hi:g}, got {v:g}")
-        raise ValueError(f"{name} must be between {lo:g} and {hi:g}, got {v:g}")
+    g = "{:g}".format
+    _check_range(v, name, lo, hi, g, g)
     return v
 
 
