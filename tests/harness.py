@@ -307,6 +307,15 @@ def assert_no_failures(results: Sequence[Sequence[str]], limit: int = 40) -> Non
 # serves every test of the module.
 
 
+def print_and_check(results: Sequence[dict]) -> None:
+    """For rank functions that return {"fails": [...], "msgs": [...]}: prints every
+    rank's messages (figures, seen with pytest -s), then fails with every failure."""
+    for r, out in enumerate(results):
+        for m in out["msgs"]:
+            print(f"rank {r}: {m}")
+    assert_no_failures([out["fails"] for out in results])
+
+
 def run_sections(comm, sections: Sequence[str], functions: dict, tracebacks: bool = False) -> dict:
     """In a rank: functions[name](comm, fail) for each name in order; returns {name: failures}."""
     import traceback

@@ -46,6 +46,23 @@ def _later(delay, fn):
     return t
 
 
+def _peer_call_fails(what, r, call, fails, within=None):
+    """On a rank other than 0, after rank 0 aborted: `call` must raise
+    RingcommError naming rank 0 (within `within` seconds, when given)."""
+    import ringcomm
+
+    t0 = time.monotonic()
+    try:
+        call()
+        fails.append(f"{what}: rank {r}'s call succeeded after rank 0 aborted")
+    except ringcomm.RingcommError as e:
+        took = time.monotonic() - t0
+        if within is not None and took > within:
+            fails.append(f"{what}: rank {r} needed {took:.2f} s to see rank 0's abort")
+        if "rank 0" not in str(e):
+            fails.append(f"{what}: rank {r}'s error does not name rank 0: {first_line(e)}")
+
+
 def _blocked_call_interrupted(ctx, how, size, fails, msgs):
     """Rank 0 blocks in all_reduce (the others never call it); after 0.3 s another
     thread of rank 0 aborts / closes its communicator / sends it SIGINT. Rank 0's call
@@ -105,16 +122,7 @@ def _blocked_call_interrupted(ctx, how, size, fails, msgs):
         ctx.store.set(f"{how}/{size}/done", "1")
     else:
         ctx.store.wait([f"{how}/{size}/done"], timedelta(seconds=60))
-        t0 = time.monotonic()
-        try:
-            comm.all_reduce(np.ones(size, np.float32))
-            fails.append(f"{how}/{size}: rank {r}'s all_reduce succeeded after rank 0 aborted")
-        except ringcomm.RingcommError as e:
-            took = time.monotonic() - t0
-            if took > 1.0:
-                fails.append(f"{how}/{size}: rank {r} needed {took:.2f} s to see rank 0's abort")
-            if "rank 0" not in str(e):
-                fails.append(f"{how}/{size}: rank {r}'s error does not name rank 0: {first_line(e)}")
+        _peer_call_fails(f"{how}/{size}", r, lambda: comm.all_reduce(np.ones(size, np.float32)), fails, within=1.0)
         comm.close()
     _sync(ctx, f"{how}{size}")
 
@@ -122,8 +130,6 @@ def _blocked_call_interrupted(ctx, how, size, fails, msgs):
 def _ctrl_c_in_close(ctx, fails, msgs):
     """close() drains an async op that no peer joins; Ctrl-C meanwhile aborts it:
     KeyboardInterrupt within PROMPT, the communicator closed, peers fail fast."""
-    import ringcomm
-
     comm = _new_comm(ctx)
     r = ctx.rank
     if r == 0:
@@ -143,12 +149,7 @@ def _ctrl_c_in_close(ctx, fails, msgs):
         ctx.store.set("closec/done", "1")
     else:
         ctx.store.wait(["closec/done"], timedelta(seconds=60))
-        try:
-            comm.barrier()
-            fails.append(f"close: rank {r}'s barrier succeeded after rank 0 was interrupted")
-        except ringcomm.RingcommError as e:
-            if "rank 0" not in str(e):
-                fails.append(f"close: rank {r}'s error does not name rank 0: {first_line(e)}")
+        _peer_call_fails("close", r, comm.barrier, fails)
         comm.close()
     _sync(ctx, "closec")
 
@@ -180,11 +181,7 @@ def _close_from_a_signal_handler(ctx, fails, msgs):
         ctx.store.set("hclose/done", "1")
     else:
         ctx.store.wait(["hclose/done"], timedelta(seconds=60))
-        try:
-            comm.barrier()
-            fails.append(f"handler close: rank {r}'s barrier succeeded")
-        except ringcomm.RingcommError:
-            pass
+        _peer_call_fails("handler close", r, comm.barrier, fails)
         comm.close()
     _sync(ctx, "hclose")
 
@@ -276,7 +273,7 @@ def _two_threads(ctx, fails, msgs):
     import ringcomm
 
     comm = _new_comm(ctx, timeout=10.0)
-    r, ws = ctx.rank, ctx.world_size
+    r = ctx.rank
     if r == 0:
         x = np.full(256, 1, np.int64)
         w = comm.all_reduce(x, async_op=True)
@@ -304,13 +301,7 @@ def _two_threads(ctx, fails, msgs):
         ctx.store.set("threads/issued", "1")
     else:
         ctx.store.wait(["threads/issued"], timedelta(seconds=60))
-        try:
-            x = np.full(256, 1, np.int64)
-            comm.all_reduce(x)
-            fails.append(f"two threads: rank {r}'s all_reduce returned {x[0]} after rank 0 was aborted")
-        except ringcomm.RingcommError as e:
-            if "rank 0" not in str(e):
-                fails.append(f"two threads: rank {r}'s error does not name rank 0: {first_line(e)}")
+        _peer_call_fails("two threads", r, lambda: comm.all_reduce(np.full(256, 1, np.int64)), fails)
     comm.close()
     _sync(ctx, "threads")
 
@@ -406,10 +397,7 @@ def _faults(comm, transport):
 def test_faults_end_in_clear_errors(transport):
     env = {"RINGCOMM_TRANSPORT": transport} if transport == "tcp" else {}
     res = harness.run_ranks(_faults, 3, (transport,), env=env, init=False, hard_timeout=240)
-    for r, out in enumerate(res):
-        for m in out["msgs"]:
-            print(f"rank {r}: {m}")
-    harness.assert_no_failures([out["fails"] for out in res])
+    harness.print_and_check(res)
 
 
 def _ctrl_c_during_init(comm):
@@ -463,7 +451,4 @@ def _ctrl_c_during_init(comm):
 
 def test_ctrl_c_during_init():
     res = harness.run_ranks(_ctrl_c_during_init, 2, init=False, hard_timeout=120)
-    for r, out in enumerate(res):
-        for m in out["msgs"]:
-            print(f"rank {r}: {m}")
-    harness.assert_no_failures([out["fails"] for out in res])
+    harness.print_and_check(res)
