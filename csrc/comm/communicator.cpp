@@ -826,7 +826,7 @@ void Communicator::close() {
       if (worker_done_ || interrupted || !interrupt_check()) continue;
       l.unlock();
       try {
-        check_interrupted(Clock::now(), &last, "close() on rank " + std::to_string(rank_));
+        check_interrupted(Clock::now(), &last, [&] { return "close() on rank " + std::to_string(rank_); });
       } catch (const Interrupted& e) {
         interrupted = true;
         interrupt_text = e.what();

@@ -284,7 +284,7 @@ void Executor::rethrow_peer_lost(const PeerLostError& e) const {
 void Executor::periodic_checks(Clock::time_point now, bool waiting) {
   std::string why = transport_->local_abort_reason();
   if (!why.empty()) throw Error("ringcomm: " + call_text(*info_) + " stopped: this rank aborted: " + why);
-  check_interrupted(now, &last_interrupt_, call_text(*info_));
+  check_interrupted(now, &last_interrupt_, [&] { return call_text(*info_); });
   if (!waiting) return;
   check_peers_alive();
   if (now - last_poll_ >= std::chrono::milliseconds(10)) {

@@ -58,7 +58,7 @@ bool Work::wait(double timeout_s) {
     if (!done() && interrupt_check()) {
       lk.unlock();
       try {
-        check_interrupted(Clock::now(), &last_check, "the wait for " + what_);
+        check_interrupted(Clock::now(), &last_check, [&] { return "the wait for " + what_; });
       } catch (const Interrupted& e) {
         if (on_interrupt_) on_interrupt_(e.what());
         throw;

@@ -182,7 +182,9 @@ _POLL_MAX_S = 0.05
 
 def wait_keys(store, keys, timeout_s, what, rank, alive=None):
     """Waits until every key exists; TimeoutError names the missing ones.
-    `alive(missing_keys)`, when given, runs between polls and raises for a dead peer."""
+    `alive(missing)`, when given, runs between polls and raises for a dead peer;
+    missing(r) tells whether rank r's key is still missing (one store query,
+    asked only for the ranks alive() wonders about)."""
     deadline = time.monotonic() + timeout_s
     pause = _POLL_MIN_S
     while True:
@@ -202,7 +204,8 @@ def wait_keys(store, keys, timeout_s, what, rank, alive=None):
                 f"missing rank(s): {names} (did every rank call init / split?)"
             ) from None
         if alive is not None and pause >= _POLL_MAX_S / 2:
-            alive([k for k in keys if not _has(store, k)])
+            by_rank = {k.rsplit("/", 1)[-1]: k for k in keys}
+            alive(lambda r: str(r) in by_rank and not _has(store, by_rank[str(r)]))
         time.sleep(min(pause, max(0.0, deadline - now)))
         pause = min(pause * 2, _POLL_MAX_S)
 
@@ -279,10 +282,9 @@ def liveness_check(rank, infos, members):
     watched = [(r, infos[r]["pid"]) for r in members
                if r != rank and infos[r].get("pidns") == mine.get("pidns") and mine.get("pidns")]
 
-    def alive(missing_keys):
-        missing = {k.rsplit("/", 1)[-1] for k in missing_keys}
+    def alive(missing):
         for r, pid in watched:
-            if str(r) in missing and process_gone(pid):
+            if process_gone(pid) and missing(r):
                 raise RingcommError(f"ringcomm: rank {r} (pid {pid}) died during init; rank {rank} gives up")
 
     return alive

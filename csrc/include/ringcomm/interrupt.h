@@ -26,13 +26,17 @@ inline void set_interrupt_check(InterruptCheck check) { interrupt_check_slot() =
 constexpr std::chrono::milliseconds kInterruptPoll{20};
 
 // Throws Interrupted when the calling thread's check says so, at most every
-// kInterruptPoll (tracked in *last); `what` names the wait for the message.
+// kInterruptPoll (tracked in *last); `what()` names the wait for the message
+// (called only then: waits call this in their loops).
+template <class What>
 inline void check_interrupted(std::chrono::steady_clock::time_point now,
-                              std::chrono::steady_clock::time_point* last, const std::string& what) {
+                              std::chrono::steady_clock::time_point* last, const What& what) {
   InterruptCheck check = interrupt_check();
   if (!check || now - *last < kInterruptPoll) return;
   *last = now;
-  if (check()) throw Interrupted("ringcomm: " + what + " was interrupted (KeyboardInterrupt); the communicator is aborted");
+  if (check()) {
+    throw Interrupted("ringcomm: " + std::string(what()) + " was interrupted (KeyboardInterrupt); the communicator is aborted");
+  }
 }
 
 }  // namespace ringcomm

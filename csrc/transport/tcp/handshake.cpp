@@ -206,7 +206,7 @@ std::vector<Fd> accept_peers(int listener, const Identity& me, const std::vector
   std::vector<struct pollfd> fds;
   while (missing > 0) {
     const Clock::time_point now = Clock::now();
-    check_interrupted(now, &last_interrupt_check, "waiting for TCP connections");
+    check_interrupted(now, &last_interrupt_check, [] { return "waiting for TCP connections"; });
     if (now >= deadline) {
       std::string who;
       for (int p = 0; p < me.world; ++p) {

@@ -41,7 +41,7 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
     if (r < 0 && errno != EINTR) return true;  // let the caller's call report the error
     const Clock::time_point now = Clock::now();
     if (now >= deadline) return false;
-    check_interrupted(now, &last, "connecting to a TCP peer");
+    check_interrupted(now, &last, [] { return "connecting to a TCP peer"; });
   }
 }
 
