@@ -20,7 +20,8 @@ import torch.distributed as dist  # noqa: E402
 
 def _census(rank, **over):
     rec = {"host": bootstrap.host_identity(), "pid": os.getpid(), "pidns": bootstrap.pid_namespace(),
-           "slot_bytes": 131072, "nslots": 16, "ranks": None, "transport": "shm", "check_agreement": True}
+           "slot_bytes": 131072, "nslots": 16, "ranks": None, "transport": "shm", "check_agreement": True,
+           "cost_model": "measure", "cost_model_error": None, "ring_order": "host"}
     rec.update(over)
     return rec
 

@@ -35,7 +35,7 @@ void bruck_all_gather(const PlanContext& c, const char* in, char* out, size_t co
     const int cnt = std::min(d, n - d);
     pieces(r, cnt, [&](int b, int k) { push_send(c, mod(r - d, n), out + b * bytes, k * bytes); });
     pieces(r + d, cnt, [&](int b, int k) { push_recv(c, mod(r + d, n), out + b * bytes, k * bytes); });
-    push_step(c, make_step(StepKind::kFence, c));
+    push_fence(c);
   }
 }
 

@@ -12,6 +12,7 @@
 // buffer is written.
 #include "algo/blocks.h"
 #include "algo/schedules.h"
+#include "algo/verbs.h"
 
 namespace ringcomm {
 namespace {
@@ -47,7 +48,7 @@ void chain_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
     s.recv_peer = ring_rank(c, r - 1);
     s.dst = buf;
   }
-  c.out->push_back(s);
+  push_step(c, s);
 }
 
 void chain_reduce(const PlanContext& c, int root, char* buf, size_t count, bool avg) {
@@ -72,7 +73,7 @@ void chain_reduce(const PlanContext& c, int root, char* buf, size_t count, bool 
     s.dst = buf;
     s.divide = avg;
   }
-  c.out->push_back(s);
+  push_step(c, s);
 }
 
 }  // namespace ringcomm

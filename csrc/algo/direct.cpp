@@ -29,7 +29,7 @@ void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scr
     s.dst = (p == n - 1 || r == 0) ? buf : scratch;
     s.nbytes = bytes;
     s.divide = avg && p == n - 1;
-    c.out->push_back(s);
+    push_step(c, s);
     acc = s.dst;
   }
 }

@@ -33,16 +33,6 @@
 namespace ringcomm {
 namespace {
 
-void push_reduce(const PlanContext& c, char* dst, const char* a, const char* b, size_t nbytes, bool divide) {
-  Step s = make_step(StepKind::kLocalReduce, c);
-  s.dst = dst;
-  s.src = a;
-  s.src2 = b;
-  s.nbytes = nbytes;
-  s.divide = divide;
-  push_step(c, s);
-}
-
 // Folds ranks 0..2*rem-1 in pairs (evens send to odds and sit out); returns
 // this rank's new rank, or -1 for a rank that sits out (its steps, including
 // receiving the result, are pushed).
@@ -60,8 +50,6 @@ int fold_in_pairs(const PlanContext& c, char* buf, size_t bytes, char* scratch, 
   push_reduce(c, buf, buf, scratch, bytes, false);
   return r / 2;
 }
-
-void push_fence(const PlanContext& c) { push_step(c, make_step(StepKind::kFence, c)); }
 
 }  // namespace
 

@@ -26,60 +26,68 @@
 // cuts its buffer by position; reduce_scatter and all_gather map position q
 // to the buffer block of the rank at q, so every rank still ends with its own
 // block.
+#include <tuple>
+#include <utility>
+
 #include "algo/blocks.h"
 #include "algo/schedules.h"
 #include "algo/verbs.h"
 
 namespace ringcomm {
 
-void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
+// The in-place ring over any block layout: `block(q)` is the element range
+// position q finishes (ring_all_reduce: ring_block; the hierarchical
+// schedules: a few blocks and empty ones). `rs` runs the reduce-scatter
+// part, `ag` the all-gather part; both fused is the all-reduce above.
+template <class Block>
+void ring_in_place(const PlanContext& c, char* buf, Block block, size_t max_block, bool rs, bool ag, bool avg) {
   const int n = c.world, r = ring_position(c), next = ring_rank(c, r + 1), prev = ring_rank(c, r - 1);
-  if (n == 1) return;  // the sum (or average) of one input is the input
-  const size_t rounds = rounds_for(ring_block(count, n, 0).count, c.slice_elems);
-  auto piece = [&](int block, size_t round) {
-    return slice_of(ring_block(count, n, mod(block, n)), c.slice_elems, round);
-  };
+  if (n == 1) return;
+  const size_t rounds = rounds_for(max_block, c.slice_elems);
   for (size_t k = 0; k < rounds; ++k) {
-    Range p = piece(r - 1, k);
-    Step s = make_step(StepKind::kSend, c);
-    s.send_peer = next;
-    s.src = buf + p.offset * c.elem;
-    s.nbytes = p.count * c.elem;
-    c.out->push_back(s);
-    for (int j = 2; j <= n - 1; ++j) {
-      p = piece(r - j, k);
-      s = make_step(StepKind::kRecvReduceSend, c);
-      s.recv_peer = prev;
-      s.send_peer = next;
-      s.src = buf + p.offset * c.elem;
-      s.nbytes = p.count * c.elem;
-      c.out->push_back(s);
+    auto at = [&](int pos) {
+      const Range p = slice_of(block(mod(pos, n)), c.slice_elems, k);
+      return std::make_pair(buf + p.offset * c.elem, p.count * c.elem);
+    };
+    if (rs) {
+      auto [src, len] = at(r - 1);
+      push_send(c, next, src, len);
+      for (int j = 2; j <= n - 1; ++j) {
+        std::tie(src, len) = at(r - j);
+        push_recv_reduce_send(c, prev, next, src, len);
+      }
+      std::tie(src, len) = at(r);
+      if (ag) {
+        push_recv_reduce_copy_send(c, prev, next, src, src, len, avg);
+      } else {
+        push_recv_reduce(c, prev, src, src, len, avg);
+      }
+    } else {
+      auto [src, len] = at(r);
+      push_send(c, next, src, len);
     }
-    p = piece(r, k);
-    s = make_step(StepKind::kRecvReduceCopySend, c);
-    s.recv_peer = prev;
-    s.send_peer = next;
-    s.src = buf + p.offset * c.elem;
-    s.dst = buf + p.offset * c.elem;
-    s.nbytes = p.count * c.elem;
-    s.divide = avg;
-    c.out->push_back(s);
-    for (int j = 1; j <= n - 2; ++j) {
-      p = piece(r - j, k);
-      s = make_step(StepKind::kRecvCopySend, c);
-      s.recv_peer = prev;
-      s.send_peer = next;
-      s.dst = buf + p.offset * c.elem;
-      s.nbytes = p.count * c.elem;
-      c.out->push_back(s);
+    if (ag) {
+      for (int j = 1; j <= n - 2; ++j) {
+        auto [dst, len] = at(r - j);
+        push_recv_copy_send(c, prev, next, dst, len);
+      }
+      auto [dst, len] = at(r + 1);
+      push_recv(c, prev, dst, len);
     }
-    p = piece(r + 1, k);
-    s = make_step(StepKind::kRecv, c);
-    s.recv_peer = prev;
-    s.dst = buf + p.offset * c.elem;
-    s.nbytes = p.count * c.elem;
-    c.out->push_back(s);
   }
+}
+
+void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
+  const int n = c.world;
+  ring_in_place(c, buf, [&](int q) { return ring_block(count, n, q); }, ring_block(count, n, 0).count, true, true, avg);
+}
+
+void ring_reduce_scatter_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block) {
+  ring_in_place(c, buf, [&](int q) { return blocks[q]; }, max_block, true, false, false);
+}
+
+void ring_all_gather_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block) {
+  ring_in_place(c, buf, [&](int q) { return blocks[q]; }, max_block, false, true, false);
 }
 
 // The reduce-scatter part alone: the input holds n blocks of count_per_rank
@@ -95,28 +103,12 @@ void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
   const size_t rounds = rounds_for(count_per_rank, c.slice_elems);
   const Range whole{0, count_per_rank};
   for (size_t k = 0; k < rounds; ++k) {
-    Range p = slice_of(whole, c.slice_elems, k);
+    const Range p = slice_of(whole, c.slice_elems, k);
+    const size_t len = p.count * c.elem;
     auto block = [&](int b) { return in + ring_rank(c, b) * bytes + p.offset * c.elem; };
-    Step s = make_step(StepKind::kSend, c);
-    s.send_peer = next;
-    s.src = block(r - 1);
-    s.nbytes = p.count * c.elem;
-    c.out->push_back(s);
-    for (int j = 2; j <= n - 1; ++j) {
-      s = make_step(StepKind::kRecvReduceSend, c);
-      s.recv_peer = prev;
-      s.send_peer = next;
-      s.src = block(r - j);
-      s.nbytes = p.count * c.elem;
-      c.out->push_back(s);
-    }
-    s = make_step(StepKind::kRecvReduce, c);
-    s.recv_peer = prev;
-    s.src = block(r);
-    s.dst = out + p.offset * c.elem;
-    s.nbytes = p.count * c.elem;
-    s.divide = avg;
-    c.out->push_back(s);
+    push_send(c, next, block(r - 1), len);
+    for (int j = 2; j <= n - 1; ++j) push_recv_reduce_send(c, prev, next, block(r - j), len);
+    push_recv_reduce(c, prev, block(r), out + p.offset * c.elem, len, avg);
   }
 }
 
@@ -130,26 +122,12 @@ void ring_all_gather(const PlanContext& c, const char* in, char* out, size_t cou
   const size_t rounds = rounds_for(count_per_rank, c.slice_elems);
   const Range whole{0, count_per_rank};
   for (size_t k = 0; k < rounds; ++k) {
-    Range p = slice_of(whole, c.slice_elems, k);
+    const Range p = slice_of(whole, c.slice_elems, k);
+    const size_t len = p.count * c.elem;
     auto block = [&](int b) { return out + ring_rank(c, b) * bytes + p.offset * c.elem; };
-    Step s = make_step(StepKind::kSend, c);
-    s.send_peer = next;
-    s.src = in + p.offset * c.elem;
-    s.nbytes = p.count * c.elem;
-    c.out->push_back(s);
-    for (int j = 1; j <= n - 2; ++j) {
-      s = make_step(StepKind::kRecvCopySend, c);
-      s.recv_peer = prev;
-      s.send_peer = next;
-      s.dst = block(r - j);
-      s.nbytes = p.count * c.elem;
-      c.out->push_back(s);
-    }
-    s = make_step(StepKind::kRecv, c);
-    s.recv_peer = prev;
-    s.dst = block(r + 1);
-    s.nbytes = p.count * c.elem;
-    c.out->push_back(s);
+    push_send(c, next, in + p.offset * c.elem, len);
+    for (int j = 1; j <= n - 2; ++j) push_recv_copy_send(c, prev, next, block(r - j), len);
+    push_recv(c, prev, block(r + 1), len);
   }
 }
 

@@ -4,7 +4,9 @@
 
 #include <cstddef>
 
+#include "algo/blocks.h"
 #include "algo/step.h"
+#include "algo/topology.h"
 
 namespace ringcomm {
 
@@ -19,6 +21,7 @@ enum ScheduleFamily : uint8_t {
   kFamilyTree = 5,
   kFamilyRabenseifner = 6,
   kFamilyBruck = 7,
+  kFamilyHierarchical = 8,
 };
 
 struct PlanContext {
@@ -38,6 +41,12 @@ struct PlanContext {
   // host census; every rank derives the same order).
   const int* ring = nullptr;
   int ring_pos = 0;
+  // A group of the communicator's ranks (hierarchical schedules' phases):
+  // rank and world are this rank's index in the group and its size, peers
+  // are named by group index, and push_step maps index i to rank members[i].
+  const int* members = nullptr;
+  // Hierarchical schedules: who runs where (null: one host).
+  const Topology* topo = nullptr;
 };
 
 // The rank at ring position `pos` (any integer, taken mod world), and this
@@ -53,6 +62,16 @@ void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
 void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
                          bool avg);
 void ring_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);
+
+// The ring's two parts in place over any block layout (position q of the
+// ring finishes blocks[q], n entries; max_block: the largest count).
+void ring_reduce_scatter_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block);
+void ring_all_gather_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block);
+
+// Hierarchical all-reduce over c.topo (algo/hierarchical.cpp): intra-host
+// reduce-scatter, inter-host ring all-reduce among the ranks of equal local
+// index (all at once), intra-host all-gather; any ranks per host.
+void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
 
 // One shot (latency optimal for small messages): every rank receives every
 // input and reduces them itself in rank order, so all ranks get the same bits.

@@ -1,5 +1,9 @@
-// Small builders shared by the schedules: each appends one Step to the plan
-// and returns its index (for later steps' `after`).
+// The verbs schedules are written in, one builder per Step kind (after
+// NCCL's primitives: a schedule reads like runRing, one verb per line). Each
+// appends one Step to the plan and returns its index (for later steps'
+// `after`). Peers are named as the context numbers them: its group index
+// when the context is a group of the communicator (PlanContext::members),
+// which push_step turns into the communicator's rank.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +19,11 @@ inline Step make_step(StepKind kind, const PlanContext& c) {
   return s;
 }
 
-inline size_t push_step(const PlanContext& c, const Step& s) {
+inline size_t push_step(const PlanContext& c, Step s) {
+  if (c.members) {
+    if (s.recv_peer >= 0) s.recv_peer = c.members[s.recv_peer];
+    if (s.send_peer >= 0) s.send_peer = c.members[s.send_peer];
+  }
   c.out->push_back(s);
   return c.out->size() - 1;
 }
@@ -37,6 +45,66 @@ inline size_t push_recv(const PlanContext& c, int peer, void* data, size_t nbyte
   s.nbytes = nbytes;
   return push_step(c, s);
 }
+
+// dst <- src (op) what `from` sends.
+inline size_t push_recv_reduce(const PlanContext& c, int from, const char* src, char* dst, size_t nbytes,
+                               bool divide = false) {
+  Step s = make_step(StepKind::kRecvReduce, c);
+  s.recv_peer = from;
+  s.src = src;
+  s.dst = dst;
+  s.nbytes = nbytes;
+  s.divide = divide;
+  return push_step(c, s);
+}
+
+// to <- src (op) what `from` sends.
+inline size_t push_recv_reduce_send(const PlanContext& c, int from, int to, const char* src, size_t nbytes) {
+  Step s = make_step(StepKind::kRecvReduceSend, c);
+  s.recv_peer = from;
+  s.send_peer = to;
+  s.src = src;
+  s.nbytes = nbytes;
+  return push_step(c, s);
+}
+
+// dst <- src (op) what `from` sends; to <- dst.
+inline size_t push_recv_reduce_copy_send(const PlanContext& c, int from, int to, const char* src, char* dst,
+                                         size_t nbytes, bool divide) {
+  Step s = make_step(StepKind::kRecvReduceCopySend, c);
+  s.recv_peer = from;
+  s.send_peer = to;
+  s.src = src;
+  s.dst = dst;
+  s.nbytes = nbytes;
+  s.divide = divide;
+  return push_step(c, s);
+}
+
+// dst <- what `from` sends; to <- dst.
+inline size_t push_recv_copy_send(const PlanContext& c, int from, int to, char* dst, size_t nbytes) {
+  Step s = make_step(StepKind::kRecvCopySend, c);
+  s.recv_peer = from;
+  s.send_peer = to;
+  s.dst = dst;
+  s.nbytes = nbytes;
+  return push_step(c, s);
+}
+
+// dst <- a (op) b (a fence).
+inline size_t push_reduce(const PlanContext& c, char* dst, const char* a, const char* b, size_t nbytes,
+                          bool divide) {
+  Step s = make_step(StepKind::kLocalReduce, c);
+  s.dst = dst;
+  s.src = a;
+  s.src2 = b;
+  s.nbytes = nbytes;
+  s.divide = divide;
+  return push_step(c, s);
+}
+
+// Later steps start once every earlier one is done.
+inline size_t push_fence(const PlanContext& c) { return push_step(c, make_step(StepKind::kFence, c)); }
 
 // A local copy (a fence); nothing when there is nothing to move.
 inline void push_copy(const PlanContext& c, const char* src, char* dst, size_t nbytes) {

@@ -10,6 +10,8 @@ void bind_communicator(pybind11::module_& m);
 // Replaces pybind11's wrappers of the latency-critical methods with plain
 // CPython ones (bind_fast_calls.cpp). After bind_communicator.
 void bind_fast_calls(pybind11::module_& m);
+// The cost model (explain, calibrate, the simulator's model). After bind_communicator.
+void bind_cost_model(pybind11::module_& m);
 // Test hook: the GPU ring family's translation run over a simulated NCCL.
 void bind_device_sim(pybind11::module_& m);
 

@@ -26,6 +26,8 @@ void bind_communicator(py::module_& m) {
       .def_readwrite("pull", &Config::pull)
       .def_readwrite("pull_min_bytes", &Config::pull_min_bytes)
       .def_readwrite("check_agreement", &Config::check_agreement)
+      .def_readwrite("cost_model", &Config::cost_model)
+      .def_readwrite("ring_order", &Config::ring_order)
       .def_property(
           "spin_us", [](const Config& c) { return std::chrono::duration<double, std::micro>(c.wait.spin).count(); },
           [](Config& c, double us) {

@@ -19,6 +19,7 @@ PYBIND11_MODULE(_C, m) {
   ringcomm::bind_types(m);
   ringcomm::bind_communicator(m);
   ringcomm::bind_fast_calls(m);
+  ringcomm::bind_cost_model(m);
   ringcomm::bind_device_sim(m);
 #ifdef RINGCOMM_WITH_CUDA
   ringcomm::bind_cuda(m);

@@ -11,7 +11,8 @@ bool parse_name(const std::string& s, Algo* out) {
   static const std::pair<const char*, Algo> names[] = {
       {"auto", Algo::kAuto}, {"ring", Algo::kRing}, {"oneshot", Algo::kOneShot}, {"pull", Algo::kPull},
       {"recursive_doubling", Algo::kRecursiveDoubling}, {"tree", Algo::kTree},
-      {"rabenseifner", Algo::kRabenseifner}, {"bruck", Algo::kBruck}};
+      {"rabenseifner", Algo::kRabenseifner}, {"bruck", Algo::kBruck},
+      {"hierarchical", Algo::kHierarchical}, {"direct", Algo::kDirect}};
   for (const auto& n : names) {
     if (s == n.first) {
       *out = n.second;
@@ -32,8 +33,9 @@ bool parse_op(const std::string& s, OpKind* out) {
   return false;
 }
 
-// Whether op `k` has a schedule of family `a`.
-bool has(OpKind k, Algo a) {
+}  // namespace
+
+bool algo_has(OpKind k, Algo a) {
   switch (a) {
     case Algo::kAuto:
     case Algo::kPull:
@@ -44,7 +46,10 @@ bool has(OpKind k, Algo a) {
     case Algo::kOneShot:
     case Algo::kRecursiveDoubling:
     case Algo::kRabenseifner:
+    case Algo::kHierarchical:
       return k == OpKind::kAllReduce;
+    case Algo::kDirect:
+      return k == OpKind::kScatter || k == OpKind::kGather || k == OpKind::kAllToAll || k == OpKind::kBarrier;
     case Algo::kTree:
       return k == OpKind::kBroadcast || k == OpKind::kReduce;
     case Algo::kBruck:
@@ -52,6 +57,8 @@ bool has(OpKind k, Algo a) {
   }
   return false;
 }
+
+namespace {
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -76,6 +83,8 @@ const char* algo_name(Algo a) {
     case Algo::kTree: return "tree";
     case Algo::kRabenseifner: return "rabenseifner";
     case Algo::kBruck: return "bruck";
+    case Algo::kHierarchical: return "hierarchical";
+    case Algo::kDirect: return "direct";
   }
   return "?";
 }
@@ -86,7 +95,7 @@ AlgoChoice parse_algo_choice(const std::string& text) {
     Algo a;
     if (!parse_name(text, &a)) throw ValueError("algo: unknown algorithm '" + text + "'");
     for (int k = 1; k < kNumOpKinds; ++k) {
-      if (k != static_cast<int>(OpKind::kSend) && has(static_cast<OpKind>(k), a)) c.by_op[k] = a;
+      if (k != static_cast<int>(OpKind::kSend) && algo_has(static_cast<OpKind>(k), a)) c.by_op[k] = a;
     }
     c.forces_pull_everywhere = a == Algo::kPull;
     return c;
@@ -100,7 +109,7 @@ AlgoChoice parse_algo_choice(const std::string& text) {
                        "all_gather, broadcast, reduce, scatter, gather, all_to_all, barrier");
     }
     if (!parse_name(kv[1], &a)) throw ValueError("algo: unknown algorithm '" + kv[1] + "' for " + kv[0]);
-    if (!has(k, a)) throw ValueError("algo: " + kv[0] + " has no " + kv[1] + " schedule");
+    if (!algo_has(k, a)) throw ValueError("algo: " + kv[0] + " has no " + kv[1] + " schedule");
     c.by_op[static_cast<int>(k)] = a;
   }
   return c;

@@ -8,7 +8,9 @@
 // Names: ring (all_reduce, reduce_scatter, all_gather; the chain for broadcast
 // and reduce), oneshot (all_reduce), pull (every collective and send/recv),
 // recursive_doubling (all_reduce), rabenseifner (all_reduce), tree
-// (binomial: broadcast, reduce), bruck (all_gather).
+// (binomial: broadcast, reduce), bruck (all_gather), hierarchical
+// (all_reduce: intra-host reduce-scatter, inter-host all-reduce per local
+// index, intra-host all-gather), direct (scatter, gather, all_to_all, barrier).
 #pragma once
 
 #include <array>
@@ -18,7 +20,18 @@
 
 namespace ringcomm {
 
-enum class Algo : uint8_t { kAuto, kRing, kOneShot, kPull, kRecursiveDoubling, kTree, kRabenseifner, kBruck };
+enum class Algo : uint8_t {
+  kAuto,
+  kRing,
+  kOneShot,
+  kPull,
+  kRecursiveDoubling,
+  kTree,
+  kRabenseifner,
+  kBruck,
+  kHierarchical,
+  kDirect,
+};
 constexpr int kNumOpKinds = static_cast<int>(OpKind::kBarrier) + 1;
 
 struct AlgoChoice {
@@ -30,5 +43,7 @@ struct AlgoChoice {
 // Throws ValueError naming what is wrong (an unknown name or op, a name the op lacks).
 AlgoChoice parse_algo_choice(const std::string& text);
 const char* algo_name(Algo a);
+// Whether op `k` has a schedule of family `a`.
+bool algo_has(OpKind k, Algo a);
 
 }  // namespace ringcomm

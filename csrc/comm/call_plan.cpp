@@ -33,6 +33,9 @@ ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
         case Algo::kPull:
           pull_all_reduce(c, d.out, d.count, d.avg);
           return kFamilyPull;
+        case Algo::kHierarchical:
+          hierarchical_all_reduce(c, d.out, d.count, d.avg);
+          return kFamilyHierarchical;
         default:
           ring_all_reduce(c, d.out, d.count, d.avg);
           return kFamilyRing;

@@ -23,7 +23,7 @@ struct CallPlan {
   // The schedule family, already resolved (no kAuto left but "the default
   // family": ring for all_reduce, reduce_scatter and all_gather, the chain
   // for broadcast and reduce, direct exchanges for the rest). kPull needs
-  // PlanContext::addrs (CPU only).
+  // PlanContext::addrs (CPU only), kHierarchical PlanContext::topo.
   Algo algo = Algo::kAuto;
   // Families that need it (scratch_bytes): memory of the buffers' device.
   char* scratch = nullptr;

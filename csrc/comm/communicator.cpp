@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "algo/schedules.h"
 #include "comm/call_plan.h"
@@ -61,10 +62,7 @@ Communicator::Communicator(int rank, int world, Config config)
       recv_seq_(world) {
   schedule_.reserve(1024);
   for (int i = 0; i < world_; ++i) ring_order_[i] = i;
-  // Sizes the general path runs one-shot in a single segment (see plan()).
-  const Algo ar = algos_.of(OpKind::kAllReduce);
-  small_path_ = ar == Algo::kAuto || ar == Algo::kOneShot;
-  small_max_bytes_ = ar == Algo::kAuto ? std::min(config_.oneshot_max_bytes, config_.slot_bytes) : config_.slot_bytes;
+  set_topology(std::vector<int>(world_, 0));
   // Small send/recv go through the FIFOs unless pulls are forced (plan_p2p).
   small_p2p_ = !algos_.forces_pull_everywhere && config_.slot_bytes < config_.pull_min_bytes;
 }
@@ -119,6 +117,91 @@ void Communicator::set_ring_order(const std::vector<int>& order) {
   ring_order_ = order;
   ring_identity_ = true;
   for (int i = 0; i < world_; ++i) ring_identity_ = ring_identity_ && order[i] == i;
+  topo_.ring = ring_order_;
+  rebuild_model();
+}
+
+void Communicator::set_topology(const std::vector<int>& labels) {
+  if (static_cast<int>(labels.size()) != world_) {
+    throw ValueError("topology: " + std::to_string(labels.size()) + " host labels for a communicator of " +
+                     std::to_string(world_));
+  }
+  topo_ = Topology::from_hosts(labels);
+  topo_.ring = ring_order_;  // the order the rings really run in (set_ring_order)
+  rebuild_model();
+}
+
+void Communicator::set_cost_params(const CostParams& p) {
+  model_ = CostModel(topo_, p, model_.limits());
+  rebuild_model();
+}
+
+// The model over the current topology and parameters, and what it implies
+// for the latency path: small all_reduce calls run one-shot in one segment
+// up to the largest size `auto` picks one-shot for (the region where a
+// family with the smallest fixed cost wins starts at 0), so the latency
+// path and explain() never disagree.
+void Communicator::rebuild_model() {
+  ModelLimits lim;
+  lim.slot_bytes = config_.slot_bytes;
+  lim.oneshot_max_bytes = config_.oneshot_max_bytes;
+  lim.check_agreement = config_.check_agreement;
+  const CostParams params = model_.params().source.empty() ? default_cost_params() : model_.params();
+  model_ = CostModel(topo_, params, lim);
+  const Algo ar = algos_.of(OpKind::kAllReduce);
+  const size_t cap = std::min(config_.oneshot_max_bytes, config_.slot_bytes);
+  if (ar == Algo::kOneShot) {
+    small_path_ = true;
+    small_max_bytes_ = config_.slot_bytes;
+  } else if (ar == Algo::kAuto && model_.pick(OpKind::kAllReduce, 1) == Algo::kOneShot) {
+    size_t lo = 1, hi = cap;  // lo: one-shot picked; find the last such size <= cap
+    if (model_.pick(OpKind::kAllReduce, hi) == Algo::kOneShot) lo = hi;
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      (model_.pick(OpKind::kAllReduce, mid) == Algo::kOneShot ? lo : hi) = mid;
+    }
+    small_path_ = true;
+    small_max_bytes_ = lo;
+  } else {
+    small_path_ = false;
+    small_max_bytes_ = 0;
+  }
+}
+
+std::vector<std::pair<std::string, double>> Communicator::explain(OpKind kind, size_t nbytes) const {
+  std::vector<std::pair<std::string, double>> out;
+  const Algo run = resolve_algo(kind, nbytes);
+  const Algo first = run == Algo::kAuto ? (kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter ||
+                                                   kind == OpKind::kAllGather || kind == OpKind::kBroadcast ||
+                                                   kind == OpKind::kReduce
+                                               ? Algo::kRing
+                                               : Algo::kDirect)
+                                        : run;
+  bool listed = false;
+  for (const Prediction& p : model_.predict(kind, nbytes)) {
+    if (p.algo == first) {
+      out.insert(out.begin(), {algo_name(p.algo), p.seconds});
+      listed = true;
+    } else {
+      out.emplace_back(algo_name(p.algo), p.seconds);
+    }
+  }
+  if (!listed) {
+    double t = std::numeric_limits<double>::quiet_NaN();
+    try {
+      if (first != Algo::kPull) t = model_.seconds(kind, first, nbytes);
+    } catch (const ValueError&) {
+    }
+    out.insert(out.begin(), {algo_name(first), t});
+  }
+  return out;
+}
+
+void Communicator::restart_numbering() {
+  std::lock_guard<std::mutex> lk(mu_);
+  seq_ = 0;
+  std::fill(send_seq_.begin(), send_seq_.end(), 0);
+  std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
 }
 
 void Communicator::finish_init() {
@@ -570,6 +653,7 @@ void Communicator::plan(Call& c) {
   const size_t segments = std::max(1, config_.nslots / 4);
   const size_t slice = std::max<size_t>(1, segments * config_.slot_bytes / elem);
   PlanContext ctx{rank_, world_, elem, slice, &c.tag, &schedule_, addrs_.data()};
+  ctx.topo = &topo_;
   if (!ring_identity_) {
     ctx.ring = ring_order_.data();
     ctx.ring_pos = ring_pos_;
@@ -596,16 +680,27 @@ void Communicator::plan(Call& c) {
   call.count = by_input ? c.b.count : c.a.count;
   call.root = c.root;
   call.avg = avg;
-  call.algo = resolve_algo(c.kind, c.a.nbytes());
+  call.algo = resolve_algo(c);
   const size_t need = scratch_bytes(call, elem, world_);
   if (scratch_.size() < need) scratch_.resize(need);
   call.scratch = scratch_.data();
   c.tag.algo = plan_call(ctx, call);
 }
 
+// The size of a call as the cost model (and nccl-tests) counts it: every
+// rank's data for reduce_scatter, scatter and gather (whose per-rank buffer
+// is the one all ranks have).
+Algo Communicator::resolve_algo(const Call& c) const {
+  size_t bytes = c.a.nbytes();
+  if (c.kind == OpKind::kReduceScatter || c.kind == OpKind::kScatter) bytes *= world_;
+  if (c.kind == OpKind::kGather) bytes = c.b.nbytes() * world_;
+  return resolve_algo(c.kind, bytes);
+}
+
 // What `auto` (or a forced choice this rank cannot run) means for a call:
 // decided from what every rank knows alike (the configuration, the size,
-// whether every rank can pull), so that all ranks pick the same family.
+// whether every rank can pull, the topology and the agreed cost model), so
+// that all ranks pick the same family.
 Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
   const Algo forced = algos_.of(kind);
   // Collectives use the FIFO schedules unless pull is forced: measured here,
@@ -613,8 +708,8 @@ Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
   // Performance).
   if (forced == Algo::kPull) return pull_ok_ ? Algo::kPull : Algo::kAuto;
   if (forced != Algo::kAuto) return forced;
-  if (kind == OpKind::kAllReduce && bytes <= config_.oneshot_max_bytes) return Algo::kOneShot;
-  return Algo::kAuto;
+  const Algo a = model_.pick(kind, bytes);
+  return a == Algo::kDirect ? Algo::kAuto : a;
 }
 
 // Rooted schedules do not make every rank hear from every other (a chain

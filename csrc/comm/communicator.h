@@ -19,6 +19,7 @@
 #include "algo/step.h"
 #include "comm/algo_choice.h"
 #include "comm/buffer.h"
+#include "comm/cost_model.h"
 #include "comm/describe.h"
 #include "comm/executor.h"
 #include "comm/work.h"
@@ -45,6 +46,12 @@ struct Config {
   // headers with every peer, so ranks that disagree on the root (or on
   // anything else) all raise CollectiveMismatchError before any returns.
   bool check_agreement = true;
+  // The cost model's parameters (Python reads this; comm/calibrate.cpp):
+  // "measure" at init, "default", or a file `ringcomm-bench --calibrate` wrote.
+  std::string cost_model = "measure";
+  // The ring's order: "host" (host-contiguous) or "rank" (rank order, for
+  // comparison: every hop of an interleaved placement crosses the network).
+  std::string ring_order = "host";
   WaitPolicy wait;
 };
 
@@ -91,6 +98,24 @@ class Communicator {
   // the first call; every rank must set the same permutation).
   void set_ring_order(const std::vector<int>& order);
   const std::vector<int>& ring_order() const { return ring_order_; }
+  // Who runs where (each rank's host label, equal labels: one host; the
+  // same on every rank): the hierarchical schedules and the cost model use
+  // it. Set with the ring order, before the first call.
+  void set_topology(const std::vector<int>& host_labels);
+  const Topology& topology() const { return topo_; }
+  // The cost model's parameters, the same on every rank (comm/calibrate.cpp).
+  // A collective call of every rank: rank 0's `given` parameters (a
+  // calibration file), or, when `measure`, what rank 0 and its peers
+  // measure now (bounded: ~50 ms), or the defaults; rank 0 then broadcasts
+  // them. Returns them.
+  CostParams calibrate(bool measure, const std::vector<double>& given);
+  // Parameters agreed elsewhere (a split's parent): no communication.
+  void set_cost_params(const CostParams& p);
+  const CostModel& cost_model() const { return model_; }
+  // Every candidate for a call of `kind` moving `nbytes` (the size
+  // nccl-tests reports) with its predicted seconds, what the call would run
+  // first (forced or picked; NaN: not modelled, e.g. pull).
+  std::vector<std::pair<std::string, double>> explain(OpKind kind, size_t nbytes) const;
 
   // Every call returns the Work when `async`, nullptr after a synchronous
   // call completed (its error is thrown).
@@ -165,7 +190,14 @@ class Communicator {
   void fail(const std::string& message);
   Clock::time_point deadline_from_now() const;
   void plan(Call& call);
-  Algo resolve_algo(OpKind kind, size_t bytes) const;
+  Algo resolve_algo(const Call& c) const;
+  Algo resolve_algo(OpKind kind, size_t model_bytes) const;
+  void rebuild_model();
+  // Every call number (collectives and each pair's p2p) back to 0: only
+  // between calls every rank makes at the same point (comm/calibrate.cpp).
+  // Messages of earlier calls still queued for a peer are consumed by that
+  // peer's earlier calls first (FIFO order), so the numbers never meet.
+  void restart_numbering();
   void plan_p2p(Call& call, const PlanContext& ctx);
   void worker_loop();
   void run_front(std::unique_lock<std::mutex>& lk);
@@ -208,6 +240,8 @@ class Communicator {
   int ring_pos_ = 0;
   bool ring_identity_ = true;
   bool pull_ok_ = false;
+  Topology topo_;
+  CostModel model_;
 
   std::mutex mu_;
   std::condition_variable cv_;

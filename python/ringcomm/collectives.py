@@ -60,6 +60,13 @@ def get_default():
     return _default
 
 
+def explain(op, nbytes, comm=None):
+    """The algorithms `op` could run for `nbytes` on `comm` (default: init()'s)
+    as (name, predicted seconds) pairs, what the call would run first; see
+    Communicator.explain."""
+    return (comm if comm is not None else get_default()).explain(op, nbytes)
+
+
 def finalize():
     """Closes the default communicator."""
     global _default

@@ -9,7 +9,7 @@ import os
 import sys
 import weakref
 
-from ringcomm import _C, bootstrap, validate
+from ringcomm import _C, bootstrap, cost_model, validate
 from ringcomm._C import DeviceBufferError as _DeviceBuffer
 from ringcomm.errors import CollectiveMismatchError, RingcommError
 from ringcomm.reduce_op import ReduceOp, op_value
@@ -29,6 +29,9 @@ _CENSUS_SCHEMA = {
     "ranks": validate.optional(validate.list_of(validate.integer(0, 2**31 - 1), 1 << 24)),
     "transport": validate.one_of("auto", "shm", "tcp"),
     "check_agreement": validate.boolean(),
+    "cost_model": validate.one_of("measure", "default", "file"),
+    "cost_model_error": validate.optional(validate.text(1000)),
+    "ring_order": validate.one_of("host", "rank"),
     "tcp": validate.optional(validate.pair(validate.text(255), validate.integer(1, 65535))),
     "secret": validate.optional(validate.hex_text(32)),
 }
@@ -38,13 +41,18 @@ _SPLIT_SCHEMA = {
 }
 _SEGMENT_SCHEMA = {"segment": validate.text(128, pattern=r"/ringcomm-[0-9]+-[0-9]+-[0-9a-f]{32}")}
 
+_EXPLAINABLE = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "scatter", "gather",
+                "all_to_all", "barrier")
+
 # Every open communicator, for the exit handler (collectives.py).
 _live = weakref.WeakSet()
 
 
 class Communicator:
-    def __init__(self, store, prefix, rank, world_size, config, ranks=None):
-        """Joins the communicator named `prefix` in `store` (all ranks call it)."""
+    def __init__(self, store, prefix, rank, world_size, config, ranks=None, cost_params=None):
+        """Joins the communicator named `prefix` in `store` (all ranks call it).
+        `cost_params`: the cost model's parameters, agreed already (a split
+        inherits its parent's); else as config.cost_model says."""
         self._rank, self._world_size = rank, world_size  # still known once closed
         self._store = store
         self._prefix = prefix
@@ -56,6 +64,13 @@ class Communicator:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
         native = _C.Communicator(rank, world_size, config)
+        mode = config.cost_model if config.cost_model in ("measure", "default") else "file"
+        given, given_error = [], None
+        if cost_params is None and mode == "file" and rank == 0:
+            try:
+                given = cost_model.as_vector(cost_model.load(config.cost_model))
+            except ValueError as e:
+                given_error = str(e)[:1000]
         known_segments = []  # local peers' segment names: removed by survivors if init fails
         try:
             # 1. Census: who runs where. Segments are sized after it, for the
@@ -69,6 +84,9 @@ class Communicator:
                 "ranks": ranks,
                 "transport": config.transport,
                 "check_agreement": config.check_agreement,
+                "cost_model": mode,
+                "cost_model_error": given_error,
+                "ring_order": config.ring_order,
             }
             if config.transport != "shm" and world_size > 1:
                 # Who is on another host is only known after the exchange, so
@@ -80,6 +98,8 @@ class Communicator:
             infos = bootstrap.exchange(store, prefix, rank, world_size, info, config.timeout_s,
                                        schema=_CENSUS_SCHEMA)
             self._check_peers(rank, info, infos)
+            if infos[0]["cost_model_error"] is not None:
+                raise ValueError(f"ringcomm: RINGCOMM_COST_MODEL on rank 0: {infos[0]['cost_model_error']}")
             if "tcp" in info and "secret" not in infos[0]:
                 raise RingcommError("ringcomm: rank 0's record in the store has no TCP secret")
             tcp = [r != rank and "tcp" in info and (config.transport == "tcp" or i["host"] != info["host"])
@@ -88,7 +108,9 @@ class Communicator:
                 bad = [r for r in range(world_size) if tcp[r] and infos[r].get("tcp") is None]
                 raise RingcommError(f"ringcomm: rank(s) {bad} published no TCP address but must be reached over TCP")
             local = [r for r in range(world_size) if not tcp[r]]
-            native.set_ring_order(self.host_contiguous_order(infos))
+            if config.ring_order == "host":
+                native.set_ring_order(self.host_contiguous_order(infos))
+            native.set_topology(self.host_labels(infos))
             alive = bootstrap.liveness_check(rank, infos, local)
             # 2. Shared memory among the ranks of this host.
             name = native.create_segment(local)
@@ -119,6 +141,11 @@ class Communicator:
             can_pull = config.pull and native.probe_pull()
             pulls = bootstrap.exchange(store, f"{prefix}/pull", rank, world_size, can_pull, config.timeout_s)
             native.set_pull(all(p is True for p in pulls))
+            # 4. The cost model's parameters, the same on every rank.
+            if cost_params is not None:
+                native.set_cost_params(cost_params)
+            else:
+                native.calibrate(mode == "measure", given)
             self._tune_waiting(native, info, infos, config, any(tcp))
         except BaseException:
             # A peer that died during init cannot unlink its own segment.
@@ -142,6 +169,12 @@ class Communicator:
         for r, info in enumerate(infos):
             hosts.setdefault(info["host"], []).append(r)
         return [r for members in hosts.values() for r in members]
+
+    @staticmethod
+    def host_labels(infos):
+        """Each rank's host as a number (equal: same host), for the topology."""
+        index = {}
+        return [index.setdefault(info["host"], len(index)) for info in infos]
 
     @staticmethod
     def _tune_waiting(native, mine, infos, config, uses_tcp=False):
@@ -171,7 +204,8 @@ class Communicator:
                     "but the transport is shm (shared memory, one host only): use RINGCOMM_TRANSPORT=auto "
                     "or tcp"
                 )
-            for key in ("slot_bytes", "nslots", "ranks", "transport", "check_agreement"):
+            for key in ("slot_bytes", "nslots", "ranks", "transport", "check_agreement", "cost_model",
+                        "ring_order"):
                 if other[key] != mine[key]:
                     raise ValueError(
                         f"ringcomm: ranks disagree on {key}: rank {r} has {other[key]!r}, "
@@ -417,7 +451,28 @@ class Communicator:
             )
         if self.rank not in ranks:
             return None
-        return Communicator(self._store, prefix, ranks.index(self.rank), len(ranks), self._config, ranks)
+        return Communicator(self._store, prefix, ranks.index(self.rank), len(ranks), self._config, ranks,
+                            cost_params=self._c().cost_params())
+
+    # -- the cost model -------------------------------------------------------
+    def explain(self, op, nbytes):
+        """Every algorithm `op` could run here for `nbytes` (the size
+        nccl-tests reports: the buffer of all_reduce, broadcast and reduce,
+        all ranks' data for reduce_scatter, all_gather, scatter, gather and
+        all_to_all) as (name, predicted seconds) pairs: what the call would
+        run first (picked by the model, or forced by RINGCOMM_ALGO / algo=),
+        then the others, fastest first. NaN: not modelled (pull)."""
+        op = validate.choice(op, "op", _EXPLAINABLE)
+        nbytes = validate.index(nbytes, "nbytes", lo=0, hi=(1 << 63) - 1)
+        return [(name, float(t)) for name, t in self._c().explain(op, nbytes)]
+
+    def cost_params(self):
+        """The cost model's parameters (the same on every rank) and where they came from."""
+        return self._c().cost_params()
+
+    def host_of(self):
+        """Each rank's host, numbered 0.. in the order of its lowest rank."""
+        return list(self._c().host_of())
 
     def in_flight(self):
         """The operations issued and not finished yet, oldest first ("all_reduce (seq 4)")."""

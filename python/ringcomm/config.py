@@ -6,7 +6,8 @@ RINGCOMM_TIMEOUT           seconds any blocking wait may take (default 300; > 0,
 RINGCOMM_ALGO              auto | one name, forced for every op that has it: ring, oneshot (all_reduce),
                            pull (every collective and send/recv by single-copy pulls, where the OS
                            allows), recursive_doubling, rabenseifner (all_reduce), tree (broadcast, reduce),
-                           bruck (all_gather) |
+                           bruck (all_gather), hierarchical (all_reduce across hosts),
+                           direct (scatter, gather, all_to_all, barrier) |
                            op:name,... per op (e.g. all_reduce:recursive_doubling,broadcast:tree)
 RINGCOMM_PULL              0 disables single-copy pulls (default 1; 0 or 1)
 RINGCOMM_PULL_MIN_BYTES    send/recv of at least this size pull (default 16 MiB; 0 to 2**63 - 1)
@@ -18,6 +19,10 @@ RINGCOMM_YIELD_US          microseconds it yields before it sleeps (0 to 6e7)
 RINGCOMM_CHECK_AGREEMENT   0: rooted calls (broadcast, reduce, scatter, gather) skip the header exchange
                            that makes ranks disagreeing on the root raise (default 1; for measuring
                            its cost; every rank must use the same setting)
+RINGCOMM_COST_MODEL        what `auto` picks with: measure (default: links measured at init, ~50 ms at
+                           most) | default (built-in figures) | a file `ringcomm-bench --calibrate` wrote
+                           (read by rank 0 only; every rank must use the same setting)
+RINGCOMM_RING_ORDER        host (default: each host's ranks next to each other) | rank (rank order)
 RINGCOMM_HOST_ID           overrides the host identity (hostname + boot id; at most 255 characters)
 RINGCOMM_TRANSPORT         auto (shared memory on one host, TCP between hosts) | shm | tcp (every peer)
 RINGCOMM_SOCKET_IFNAME     interface(s) TCP listens on and advertises, e.g. eth0 (comma list; default:
@@ -29,7 +34,9 @@ import re
 from ringcomm import _C, validate
 
 DEFAULT_TIMEOUT_S = 300.0
-ALGOS = ("auto", "ring", "oneshot", "pull", "recursive_doubling", "rabenseifner", "tree", "bruck")
+ALGOS = ("auto", "ring", "oneshot", "pull", "recursive_doubling", "rabenseifner", "tree", "bruck",
+         "hierarchical", "direct")
+RING_ORDERS = ("host", "rank")
 TRANSPORTS = ("auto", "shm", "tcp")
 
 # Ranges of the size settings. The one-shot all_reduce keeps a scratch buffer
@@ -105,6 +112,17 @@ def _algo(value, name):
     return text
 
 
+def _cost_model_setting():
+    raw = _raw("RINGCOMM_COST_MODEL")
+    if raw is None or raw.strip() in ("measure", "default"):
+        return "measure" if raw is None else raw.strip()
+    path = raw.strip()
+    if len(path) > 4096 or _CONTROL.search(path):
+        raise ValueError(f"environment variable RINGCOMM_COST_MODEL={validate.show(raw)}: not measure, default "
+                         "or a file path")
+    return path
+
+
 def _env_timeout():
     raw = _raw("RINGCOMM_TIMEOUT")
     if raw is None:
@@ -154,5 +172,7 @@ def make_config(timeout=None, algo=None, transport=None):
     cfg.spin_us = _env_float("RINGCOMM_SPIN_US", cfg.spin_us, 0.0, MAX_WAIT_US)
     cfg.yield_us = _env_float("RINGCOMM_YIELD_US", cfg.yield_us, 0.0, MAX_WAIT_US)
     cfg.check_agreement = _env_int("RINGCOMM_CHECK_AGREEMENT", 1, 0, 1) == 1
+    cfg.ring_order = _env_choice("RINGCOMM_RING_ORDER", "host", RING_ORDERS)
+    cfg.cost_model = _cost_model_setting()
     _check_host_settings()
     return cfg

@@ -29,6 +29,9 @@ from ringcomm.bench.sizes import format_size, parse_size, size_list
 from ringcomm.bench.timing import Control, MemcpyReference, TimingParams, measure
 
 COMMAND_ENV = "RINGCOMM_BENCH_COMMAND"
+# What ringcomm.explain knows (send/recv have no choice to explain).
+_EXPLAINED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "scatter", "gather",
+              "all_to_all")
 
 # The default run: every primitive, 8 B .. 32 MiB in steps of 4x, 2 local ranks,
 # ringcomm against gloo. About a minute on a 2-core machine.
@@ -91,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--timeout", type=float, default=300.0,
       help="seconds any rendezvous or call may block before failing (default %(default)s)")
     a("--no-memcpy", action="store_true", help="skip the memcpy reference")
+    a("--explain", action="store_true",
+      help="also print, per size, the algorithm ringcomm runs with its predicted time and the "
+           "other candidates' (ringcomm.explain; the JSON gets them too)")
+    a("--calibrate", metavar="FILE",
+      help="measure ringcomm's cost model parameters on these ranks' links (median of "
+           "--calibrate-runs runs) and write them to FILE for RINGCOMM_COST_MODEL=FILE; no sweep")
+    a("--calibrate-runs", type=int, default=7, help="runs --calibrate takes the median of (default %(default)s)")
     a("--json", metavar="FILE", help="write every figure and the machine facts to FILE")
     a("--plot", metavar="FILE.png", help="draw busbw and latency against size to FILE.png")
     a("--progress", choices=("auto", "on", "off"), default="auto",
@@ -117,6 +127,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         parser.error("-n and --min-iters must be >= 1, -w >= 0")
     if args.nproc < 1:
         parser.error("--nproc must be >= 1")
+    if args.calibrate_runs < 1:
+        parser.error("--calibrate-runs must be >= 1")
+    if args.calibrate is not None:
+        args.backends = ["ringcomm"]
     return args
 
 
@@ -188,6 +202,8 @@ class Sweep:
         try:
             backends, skipped = self.create_backends(store)
             try:
+                if args.calibrate is not None:
+                    return self.calibrate(backends)
                 return self.sweep(backends, skipped)
             finally:
                 for b in backends:
@@ -229,11 +245,51 @@ class Sweep:
                 backends.append(backend)
         return backends, skipped
 
+    def calibrate(self, backends: List[Backend]) -> int:
+        """--calibrate: the median of several measurements of every parameter,
+        written by rank 0 (every rank measures the same runs)."""
+        from ringcomm import cost_model
+
+        ring = next((b for b in backends if isinstance(b, RingcommBackend)), None)
+        if ring is None:
+            self.warn("--calibrate needs the ringcomm backend, which could not start")
+            return 1
+        runs = [ring.comm._c().calibrate(True, []) for _ in range(self.args.calibrate_runs)]
+
+        def median(xs):
+            xs = sorted(xs)
+            return xs[len(xs) // 2]
+
+        params = {link: {k: median([r[link][k] for r in runs]) for k in ("alpha", "beta", "overhead")}
+                  for link in ("intra", "inter")}
+        params["gamma"] = median([r["gamma"] for r in runs])
+        hosts = self.control.gather_objects(machine_facts())
+        topo = ring.comm.host_of()
+        measured = {"intra": any(topo.count(h) > 1 for h in set(topo)), "inter": len(set(topo)) > 1}
+        if self.info.rank == 0:
+            cost_model.save(self.args.calibrate, params, cpu=hosts[0]["cpu_model"],
+                            hosts=len(set(topo)), world_size=self.info.world_size,
+                            measured_links=[k for k, v in measured.items() if v],
+                            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                            runs=self.args.calibrate_runs)
+            self.say(f"# ringcomm-bench --calibrate: {self.info.world_size} ranks on {len(set(topo))} host(s), "
+                     f"{hosts[0]['cpu_model']}; median of {self.args.calibrate_runs} runs")
+            for link in ("intra", "inter"):
+                p = params[link]
+                note = "" if measured[link] else "  (not measured: no such pair of ranks; the default)"
+                self.say(f"#  {link}: alpha {p['alpha'] * 1e6:.2f} us, {1 / p['beta'] / 1e9:.2f} GB/s, "
+                         f"overhead {p['overhead'] * 1e6:.2f} us per further message{note}")
+            self.say(f"#  reduction: {1 / params['gamma'] / 1e9:.2f} GB/s")
+            self.say(f"# written to {self.args.calibrate}; use it with RINGCOMM_COST_MODEL={self.args.calibrate}")
+        return 0
+
     def sweep(self, backends: List[Backend], skipped: Dict[str, str]) -> int:
         args, info, control = self.args, self.info, self.control
         n, rank = info.world_size, info.rank
         names = [b.name for b in backends]
         mpi = next((b for b in backends if isinstance(b, MpiBackend)), None)
+        ring = next((b for b in backends if isinstance(b, RingcommBackend) and b.device == "cpu"), None) \
+            if args.explain else None
         hosts = control.gather_objects(machine_facts(
             mpi.describe()["library"] if mpi is not None else None))
         unique_hosts = list(dict.fromkeys(h["hostname"] for h in hosts))
@@ -256,7 +312,7 @@ class Sweep:
             coll = COLLECTIVES[op]
             redop = args.op if coll.reduces else "none"
             root = args.root if coll.rooted else -1
-            table = Table(self.out, op, names, memcpy is not None)
+            table = Table(self.out, op, names, memcpy is not None, explain=ring is not None)
             if rank == 0:
                 table.header({b.name: b.notes[key] for b in backends
                               for key in (op, redop) if key in b.notes})
@@ -270,6 +326,8 @@ class Sweep:
                 seen.add(layout.size)
                 row = Row(op, layout.size, layout.count, args.dtype.label, redop, root,
                           coll.factor(n))
+                if ring is not None and op in _EXPLAINED:
+                    row.explain = ring.comm.explain(op, layout.size)
                 buffers: Dict[str, Buffers] = {}
                 # Take turns, and rotate who goes first, so drift hits every backend alike.
                 order: list = list(backends) + ([memcpy] if memcpy is not None else [])

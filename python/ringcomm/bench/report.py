@@ -17,7 +17,7 @@ import platform
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, TextIO
+from typing import Dict, List, Optional, TextIO, Tuple
 
 from ringcomm.bench.timing import Measurement
 
@@ -52,6 +52,8 @@ class Row:
     factor: float
     cells: Dict[str, Cell] = field(default_factory=dict)
     memcpy: Optional[Measurement] = None
+    # --explain: ringcomm's candidates (name, predicted seconds), what it runs first
+    explain: Optional[List[Tuple[str, float]]] = None
 
     def memcpy_gbps(self) -> Optional[float]:
         if self.memcpy is None or not self.memcpy.samples_s:
@@ -71,8 +73,9 @@ def format_time(us: float) -> str:
 class Table:
     """Prints one primitive's table, row by row as results arrive (rank 0 only)."""
 
-    def __init__(self, out: TextIO, op: str, backends: List[str], memcpy: bool):
+    def __init__(self, out: TextIO, op: str, backends: List[str], memcpy: bool, explain: bool = False):
         self.out, self.op, self.backends, self.memcpy = out, op, backends, memcpy
+        self.explain = explain
         self.rows: List[Row] = []
 
     def header(self, notes: Dict[str, str]) -> None:
@@ -82,11 +85,14 @@ class Table:
             w(f"# {self.op}, {backend}: {note}\n")
         groups = "".join(f"{b:^{GROUP_WIDTH}}" for b in self.backends)
         tail = f"  {'memcpy':>8}" if self.memcpy else ""
+        if self.explain:
+            tail += f"  {'ringcomm runs':>18}  {'predicted':>9}  {'other candidates (predicted us)'}"
         w(f"# {self.op:<50}{groups}{tail}\n")
         names = "".join(f"  {'time':>7}  {'algbw':>6}  {'busbw':>6} {'#wrong':>6}"
                         for _ in self.backends)
         w(f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}{names}"
-          f"{'  ' + format('(GB/s)', '>8') if self.memcpy else ''}\n")
+          f"{'  ' + format('(GB/s)', '>8') if self.memcpy else ''}"
+          f"{'  ' + format('', '>18') + '  ' + format('(us)', '>9') if self.explain else ''}\n")
         units = "".join(f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>5}"
                         for _ in self.backends)
         w(f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}{units}\n")
@@ -100,6 +106,10 @@ class Table:
         if self.memcpy:
             gbps = row.memcpy_gbps()
             line += f"  {gbps:8.2f}" if gbps is not None else f"  {'-':>8}"
+        if self.explain and row.explain:
+            (name, t), rest = row.explain[0], row.explain[1:]
+            others = " ".join(f"{n} {format_time(x * 1e6).strip()}" for n, x in rest)
+            line += f"  {name:>18}  {format_time(t * 1e6) if math.isfinite(t) else '-':>9}  {others}"
         self.out.write(line + "\n")
         self.out.flush()
 
@@ -254,7 +264,8 @@ def row_to_json(row: Row) -> Dict[str, object]:
                   "samples_us": [s * 1e6 for s in row.memcpy.samples_s]}
     return {"op": row.op, "size_bytes": row.size, "count": row.count, "type": row.type,
             "redop": row.redop, "root": row.root, "busbw_factor": row.factor,
-            "backends": cells, "memcpy": memcpy}
+            "backends": cells, "memcpy": memcpy,
+            "explain": None if row.explain is None else [[n, _clean(t)] for n, t in row.explain]}
 
 
 def build_report(*, command: List[str], config: Dict[str, object], hosts: List[Dict],

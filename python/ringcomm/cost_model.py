@@ -1,0 +1,109 @@
+"""The cost model `auto` picks algorithms with (native: csrc/comm/cost_model.h).
+
+Each algorithm's time is an alpha-beta-gamma formula over the communicator's
+topology: alpha (a message's latency), beta (seconds per byte of one stream)
+and overhead (issuing one more message) for the links between ranks of one
+host ("intra") and of different hosts ("inter"), gamma (seconds per byte
+reduced). The parameters are measured when a communicator is made (at most
+~50 ms), read from a file `ringcomm-bench --calibrate` wrote
+(RINGCOMM_COST_MODEL=<file>), or the built-in defaults
+(RINGCOMM_COST_MODEL=default); rank 0's are broadcast, so every rank picks
+alike.
+
+    ringcomm.explain("all_reduce", 1 << 20)
+    # [('rabenseifner', 0.00041), ('ring', 0.00048), ('recursive_doubling', 0.0009)]
+"""
+import json
+import math
+import os
+
+from ringcomm import _C
+
+# The fields of a parameter file and their sane ranges (a file is input like
+# any other: a bad one is a ValueError naming it, never a silent misuse).
+_LINK_RANGES = {"alpha": (1e-9, 10.0), "beta": (1e-15, 1e-3), "overhead": (0.0, 10.0)}
+_GAMMA_RANGE = (1e-15, 1e-3)
+MAX_FILE_BYTES = 1 << 16
+FORMAT = "ringcomm-cost-model/1"
+
+
+def _number(value, where, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value!r:.40}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{where} = {value!r} is outside [{lo:g}, {hi:g}]")
+    return float(value)
+
+
+def check_params(params, where="cost model parameters"):
+    """A validated copy of a parameter dict ({"intra": {...}, "inter": {...}, "gamma": g})."""
+    if not isinstance(params, dict):
+        raise ValueError(f"{where}: expected an object, got {type(params).__name__}")
+    out = {}
+    for link in ("intra", "inter"):
+        got = params.get(link)
+        if not isinstance(got, dict):
+            raise ValueError(f"{where}: '{link}' must be an object with alpha, beta and overhead")
+        out[link] = {k: _number(got.get(k), f"{where}: {link}.{k}", lo, hi) for k, (lo, hi) in _LINK_RANGES.items()}
+    out["gamma"] = _number(params.get("gamma"), f"{where}: gamma", *_GAMMA_RANGE)
+    out["source"] = str(params.get("source", "given"))[:200]
+    return out
+
+
+def load(path):
+    """The parameters in `path` (written by save / ringcomm-bench --calibrate)."""
+    where = f"cost model file {path!r}"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"{where}: cannot be read ({e.strerror or e})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValueError(f"{where}: larger than {MAX_FILE_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{where}: not UTF-8 JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{where}: not a ringcomm cost model (no \"format\": \"{FORMAT}\")")
+    params = check_params(data.get("params"), where)
+    params["source"] = f"file {os.path.abspath(path)}"
+    return params
+
+
+def save(path, params, **meta):
+    """Writes `params` (and `meta`: the machine, the date, ...) as `path`, atomically."""
+    params = check_params(params)
+    params.pop("source", None)
+    doc = {"format": FORMAT, "params": params, **meta}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def as_vector(params):
+    """The order the native calibrate() takes them in."""
+    p = check_params(params)
+    return [p["intra"]["alpha"], p["intra"]["beta"], p["intra"]["overhead"],
+            p["inter"]["alpha"], p["inter"]["beta"], p["inter"]["overhead"], p["gamma"]]
+
+
+def default_params():
+    return _C.default_cost_params()
+
+
+def model(hosts, ranks_per_host=None, params=None, *, slot_bytes=128 * 1024, oneshot_max_bytes=64 * 1024,
+          check_agreement=True):
+    """A free-standing model: `hosts` hosts of `ranks_per_host` ranks (host-
+    contiguous), or `hosts` a list of each rank's host label (any placement,
+    uneven hosts); `params` the defaults unless given."""
+    if ranks_per_host is not None:
+        if not (isinstance(hosts, int) and isinstance(ranks_per_host, int) and hosts >= 1 and ranks_per_host >= 1):
+            raise ValueError("hosts and ranks_per_host must be positive integers")
+        labels = [r // ranks_per_host for r in range(hosts * ranks_per_host)]
+    else:
+        labels = [int(h) for h in hosts]
+    p = check_params(params) if params is not None else default_params()
+    return _C.CostModel(labels, p, slot_bytes, oneshot_max_bytes, check_agreement)

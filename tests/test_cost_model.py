@@ -1,0 +1,200 @@
+"""The cost model (csrc/comm/cost_model.cpp): its formulas against hand
+computations, its picks, its parameter files as hostile input, and in spawned
+groups: parameters agreed on every rank, explain(), files, splits."""
+
+import json
+import math
+import os
+import random
+
+import pytest
+
+import harness
+import ringcomm
+from ringcomm import cost_model
+
+P = {"intra": {"alpha": 1e-6, "beta": 1e-9, "overhead": 0.0},
+     "inter": {"alpha": 50e-6, "beta": 4e-9, "overhead": 0.0}, "gamma": 0.5e-9}
+
+
+def times(m, op, nbytes):
+    return dict(m.predict(op, nbytes))
+
+
+def test_formulas_match_hand_computation():
+    a_i, b_i, a_e, b_e, g = 1e-6, 1e-9, 50e-6, 4e-9, 0.5e-9
+    s = 1 << 20
+    one = times(cost_model.model(1, 4, P), "all_reduce", s)
+    assert one["ring"] == pytest.approx(6 * a_i + 2 * 3 / 4 * s * b_i + 3 / 4 * s * g)
+    assert one["recursive_doubling"] == pytest.approx(2 * (a_i + s * b_i + s * g))
+    # Rabenseifner over 4: halving moves S/2 then S/4 (and reduces them), doubling S/4 then S/2.
+    assert one["rabenseifner"] == pytest.approx(4 * a_i + 1.5 * s * b_i + 0.75 * s * g)
+    assert "hierarchical" not in one  # one host
+    # 2 hosts x 2: the host-contiguous ring crosses once per host boundary (1 stream per host).
+    two = times(cost_model.model(2, 2, P), "all_reduce", s)
+    assert two["ring"] == pytest.approx(6 * a_e + 1.5 * s * b_e + 0.75 * s * g)
+    # Interleaved (hosts 0 1 0 1): the first doubling exchange (r ^ 1) crosses for
+    # both ranks of each host (2 streams share its link), the second (r ^ 2) stays local.
+    inter = times(cost_model.model([0, 1, 0, 1], params=P), "all_reduce", s)
+    assert inter["recursive_doubling"] == pytest.approx((a_e + 2 * s * b_e + s * g) + (a_i + s * b_i + s * g))
+    # The same ring as contiguous: rings always run in host order.
+    assert inter["ring"] == pytest.approx(two["ring"])
+    # Hierarchical over 2 x 2: intra reduce-scatter + all-gather (1 step each, half
+    # the buffer), the inter ring of a half buffer (2 rings share each host's link).
+    assert two["hierarchical"] == pytest.approx(2 * a_i + 2 * a_e + 0.5 * (2 * s * b_i + s * g)
+                                                + (s * b_e * 2 + 0.5 * s * g) / 2)
+    # Binomial broadcast over 5: 3 levels; level m=4 sends 0 -> 4 only.
+    b = times(cost_model.model(1, 5, P), "broadcast", s)
+    assert b["tree"] == pytest.approx(3 * (a_i + s * b_i) + (a_i + 3 * 0))  # + the agreement exchange
+
+
+def test_predictions_sorted_and_pick_first():
+    for hosts, per in [(1, 2), (1, 7), (8, 1), (4, 2), (3, 5), (64, 8), (2048, 8)]:
+        m = cost_model.model(hosts, per, P)
+        for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "scatter", "gather",
+                   "all_to_all", "barrier"):
+            for nbytes in (0, 8, 4096, 1 << 18, 1 << 26):
+                got = m.predict(op, nbytes)
+                assert got, (hosts, per, op)
+                secs = [t for _, t in got]
+                assert secs == sorted(secs) and all(math.isfinite(t) and t >= 0 for t in secs)
+
+
+def test_picks_follow_the_regime():
+    small, large = 8, 64 << 20
+    m = cost_model.model(8, 1, P)
+    assert m.predict("all_reduce", small)[0][0] in ("oneshot", "recursive_doubling")
+    assert m.predict("all_reduce", large)[0][0] in ("ring", "rabenseifner")
+    assert m.predict("broadcast", small)[0][0] == "tree"
+    assert m.predict("broadcast", large)[0][0] == "ring"  # the pipelined chain
+    assert m.predict("all_gather", 4096)[0][0] == "bruck"
+    # one-shot's scratch is world x S: never a candidate above its cap
+    assert "oneshot" not in dict(m.predict("all_reduce", 1 << 20))
+
+
+BAD_PARAMS = [
+    None, [], "x", {}, {"intra": P["intra"], "inter": P["inter"]},
+    {**P, "gamma": float("nan")}, {**P, "gamma": -1.0}, {**P, "gamma": True}, {**P, "gamma": "1e-9"},
+    {**P, "intra": {"alpha": 1e-6, "beta": 1e-9}}, {**P, "inter": {**P["inter"], "alpha": float("inf")}},
+    {**P, "inter": {**P["inter"], "beta": 1.0}}, {**P, "intra": []},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_PARAMS)
+def test_bad_parameters_are_value_errors(bad):
+    with pytest.raises(ValueError):
+        cost_model.check_params(bad)
+
+
+def test_parameter_files(tmp_path):
+    good = tmp_path / "good.json"
+    cost_model.save(str(good), P, cpu="test")
+    got = cost_model.load(str(good))
+    assert got["intra"] == P["intra"] and got["gamma"] == P["gamma"] and got["source"].startswith("file ")
+    cases = {
+        "missing": None,
+        "empty": b"",
+        "binary": bytes(range(256)) * 3,
+        "not-object": b"[1, 2]",
+        "no-format": json.dumps({"params": P}).encode(),
+        "wrong-format": json.dumps({"format": "other/1", "params": P}).encode(),
+        "bad-value": json.dumps({"format": cost_model.FORMAT, "params": {**P, "gamma": 5.0}}).encode(),
+        "huge": b" " * (cost_model.MAX_FILE_BYTES + 10),
+    }
+    rng = random.Random(7)
+    for i in range(50):
+        cases[f"random{i}"] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+        doc = json.dumps({"format": cost_model.FORMAT, "params": P})
+        cut = rng.randrange(len(doc))
+        cases[f"cut{i}"] = doc[:cut].encode()
+    for name, data in cases.items():
+        path = tmp_path / name
+        if data is not None:
+            path.write_bytes(data)
+        with pytest.raises(ValueError, match="cost model file"):
+            cost_model.load(str(path))
+
+
+def _agreed(comm, _):
+    fails = []
+    params = comm.cost_params()
+    if comm.world_size > 1 and params["source"] != os.environ.get("EXPECT_SOURCE", "measured"):
+        if not params["source"].startswith(os.environ.get("EXPECT_SOURCE", "measured")):
+            fails.append(f"source {params['source']}")
+    ex = ringcomm.explain("all_reduce", 8)
+    names = [n for n, _ in ex]
+    secs = [t for _, t in ex]
+    forced = os.environ.get("EXPECT_FIRST")
+    if forced:
+        if names[0] != forced:
+            fails.append(f"explain puts {names[0]} first, not the forced {forced}")
+    elif secs[0] != min(secs):
+        fails.append(f"auto's pick {ex[0]} is not the fastest of {ex}")
+    if len(set(names)) != len(names):
+        fails.append(f"explain lists a name twice: {names}")
+    for bad_op, bad_n, err in (("allreduce", 8, ValueError), ("all_reduce", -1, ValueError),
+                               ("all_reduce", 1.5, TypeError), (3, 8, TypeError)):
+        try:
+            ringcomm.explain(bad_op, bad_n)
+            fails.append(f"explain({bad_op!r}, {bad_n!r}) did not raise")
+        except err:
+            pass
+    sub = comm.split([0, 1])
+    sub_params = None if sub is None else sub.cost_params()
+    if sub is not None:
+        sub.close()
+    return {"params": params, "fails": fails, "sub": sub_params}
+
+
+def _check_agreed(results):
+    for r, res in enumerate(results):
+        assert not res["fails"], (r, res["fails"])
+    first = results[0]["params"]
+    for r, res in enumerate(results):
+        assert res["params"] == first, f"rank {r} has other parameters: {res['params']} vs {first}"
+        if res["sub"] is not None:
+            assert res["sub"] == first, "a split must inherit its parent's parameters"
+
+
+def test_measured_parameters_are_the_same_on_every_rank():
+    results = harness.run_ranks(_agreed, 3, (None,), rank_env={0: {"RINGCOMM_HOST_ID": "a"},
+                                                               1: {"RINGCOMM_HOST_ID": "b"},
+                                                               2: {"RINGCOMM_HOST_ID": "a"}},
+                                hard_timeout=90)
+    _check_agreed(results)
+    p = results[0]["params"]
+    # Both link kinds were measured here (ranks 0 and 2 share a host, 1 is on another).
+    assert p["intra"] != ringcomm._C.default_cost_params()["intra"]
+    assert p["inter"] != ringcomm._C.default_cost_params()["inter"]
+
+
+def test_file_and_forced_algorithm(tmp_path):
+    path = tmp_path / "model.json"
+    cost_model.save(str(path), P)
+    results = harness.run_ranks(_agreed, 2, (None,), env={"RINGCOMM_COST_MODEL": str(path),
+                                                          "RINGCOMM_ALGO": "all_reduce:ring",
+                                                          "EXPECT_SOURCE": "file", "EXPECT_FIRST": "ring"},
+                                hard_timeout=90)
+    _check_agreed(results)
+    assert results[0]["params"]["intra"] == P["intra"]
+    results = harness.run_ranks(_agreed, 2, (None,), env={"RINGCOMM_COST_MODEL": "default",
+                                                          "EXPECT_SOURCE": "default"}, hard_timeout=90)
+    _check_agreed(results)
+
+
+def _init_fails(comm, _):
+    ctx = harness.context()
+    try:
+        ringcomm.init(rank=ctx.rank, world_size=ctx.world_size, store=ctx.store, timeout=20)
+    except ValueError as e:
+        return str(e)
+    return "init succeeded"
+
+
+def test_bad_file_fails_init_on_every_rank(tmp_path):
+    path = tmp_path / "garbage.json"
+    path.write_bytes(b"\x00\xffnot json")
+    results = harness.run_ranks(_init_fails, 3, (None,), env={"RINGCOMM_COST_MODEL": str(path)}, init=False,
+                                hard_timeout=60)
+    for r, msg in enumerate(results):
+        assert "RINGCOMM_COST_MODEL on rank 0" in msg and "not UTF-8 JSON" in msg, (r, msg)
