@@ -98,7 +98,7 @@ void Connector::fail_dial(Dial& d, const std::string& what, std::vector<Result>*
   Result r;
   r.peer = d.peer;
   r.timed_out = Clock::now() >= d.deadline;
-  r.error = "ringcomm: " + where(d.peer) + ": " + what;
+  r.error = where(d.peer) + ": " + what;
   out->push_back(std::move(r));
   finish_dial(d.peer);
 }

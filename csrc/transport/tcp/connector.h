@@ -36,7 +36,8 @@ namespace tcp {
 class Connector {
  public:
   // What step() reports: a link that is up (fd valid), or a dial that failed
-  // (error set; timed_out when it ran past its deadline).
+  // (error says where and why, without the "ringcomm: " prefix; timed_out
+  // when it ran past its deadline).
   struct Result {
     int peer = -1;
     Fd fd;

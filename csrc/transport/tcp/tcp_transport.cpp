@@ -316,8 +316,8 @@ void TcpTransport::await_links(const std::vector<int>& peers, Clock::time_point 
     for (int p : peers) {
       TcpLink* l = links_[p].load(std::memory_order_acquire);
       if (l->state_.load(std::memory_order_acquire) == TcpLink::kLost) {
-        if (l->lost_timeout_) throw TimeoutError(l->reason_);
-        throw Error(l->reason_);
+        if (l->lost_timeout_) throw TimeoutError("ringcomm: " + l->reason_);
+        throw Error("ringcomm: " + l->reason_);
       }
       if (!l->connected_.load(std::memory_order_acquire)) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
     }
@@ -384,7 +384,7 @@ void TcpTransport::attach(int peer, tcp::Fd fd) {
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, l->fd_.get(), &ev) != 0) {
     std::lock_guard<std::mutex> wlk(l->wmu_);
     l->fd_.reset();
-    lose(peer, "ringcomm: epoll_ctl: " + tcp::errno_text(errno), false);
+    lose(peer, "epoll_ctl for the connection to rank " + std::to_string(peer) + ": " + tcp::errno_text(errno), false);
     return;
   }
   live_.push_back(l);
