@@ -4,7 +4,9 @@
   listener (hundreds of idle connections, garbage, a wrong secret, absurd fields
   and lengths, one byte per second, and new connections all along), and every
   such connection is closed once the communicator is built; the listeners are
-  gone after init (a port scan then finds nothing).
+  gone after init (a port scan then finds nothing): at 2 and 3 ranks the ring
+  neighbours that init connects are every peer, and a listener closes once all
+  its peers are connected (csrc/transport/tcp/connector.h).
 - the seed corpus of fuzz/ run in-process through the real parsing functions
   (fuzz/*.cpp built with g++ into a library loaded with ctypes), with the
   verdict each seed's name promises.

@@ -227,7 +227,20 @@ void Communicator::connect_tcp(const std::vector<std::string>& hosts, const std:
     tcp_.reset();  // every peer shares memory with this rank
     return;
   }
-  tcp_->connect(hosts, ports, secret, deadline_from_now());
+  // TCP links are made when a schedule first uses them (tcp_transport.h);
+  // the ring's neighbours are used by nearly every schedule family (ring,
+  // chain, and the hops between hosts of the others), so they are connected
+  // now, in parallel, and a peer that is gone shows at init. Both ends of a
+  // ring edge see it in the same ring order.
+  std::vector<int> now;
+  const int n = static_cast<int>(ring_order_.size());
+  const int pos = static_cast<int>(std::find(ring_order_.begin(), ring_order_.end(), rank_) - ring_order_.begin());
+  for (int step : {n - 1, 1}) {
+    const int p = ring_order_[(pos + step) % n];
+    if (p != rank_ && !hosts[p].empty() && std::find(now.begin(), now.end(), p) == now.end()) now.push_back(p);
+  }
+  tcp_->connect(hosts, ports, secret, now, deadline_from_now(),
+                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config_.timeout_s)));
   for (int p = 0; p < world_; ++p) {
     if (tcp_->reaches(p)) router_.route(p, tcp_.get());
   }

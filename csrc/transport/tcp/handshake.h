@@ -1,15 +1,17 @@
-// Connection set-up for the TCP transport: the higher rank of each pair
-// dials the lower one's listener; each side presents the secret and a Hello
-// (wire.h) and checks the other's before the connection is used.
+// The TCP handshake: on a new connection each side presents the secret and a
+// Hello (wire.h) and checks the other's before the connection is used; the
+// dialling rank speaks first. connector.h decides who dials and drives the
+// sockets.
 //
 // What a stranger can cost a listening rank (README.md, "Security"): the
-// listener is open only from listen() until every expected peer has joined;
-// meanwhile every connection gets kHandshakeGrace from its accept to complete
-// its greeting, at most kMaxPending connections wait for theirs at once (the
-// oldest unauthenticated one is dropped to make room), and all of them are
-// read without blocking from one poll() loop, so a slow or silent connection
-// never delays another. A wrong secret or a bad Hello is dropped as soon as
-// it is read.
+// listener is open from listen() until every TCP peer has joined (links are
+// set up on demand, so that may be long after init); every connection gets
+// kHandshakeGrace from its accept to complete its greeting, at most
+// kMaxPending connections wait for theirs at once (the oldest
+// unauthenticated one is dropped to make room), and all of them are read
+// without blocking from one loop, so a slow or silent connection never
+// delays another. A wrong secret or a bad Hello is dropped as soon as it is
+// read.
 #pragma once
 
 #include <chrono>
@@ -88,7 +90,7 @@ class GreetingReader {
   std::string error_;
 };
 
-// What an accept_peers call turned away, by reason.
+// What a listener turned away, by reason.
 struct AcceptStats {
   uint64_t accepted = 0;     // every connection accepted, peers included
   uint64_t bad_secret = 0;   // presented something other than the secret
@@ -96,22 +98,11 @@ struct AcceptStats {
   uint64_t timed_out = 0;    // no complete greeting within kHandshakeGrace
   uint64_t evicted = 0;      // dropped to keep at most kMaxPending waiting
   uint64_t hung_up = 0;      // closed (or failed) before completing its greeting
+  uint64_t superseded = 0;   // a real peer's dial, crossed by this (lower) rank's own (not a stranger)
   uint64_t turned_away() const { return bad_secret + bad_hello + timed_out + evicted + hung_up; }
   // "3 wrong secret, 150 no greeting within 2 s, ..." (the non-zero counts).
   std::string summary() const;
 };
-
-// Connects to `peer` at host:port and completes the handshake; throws Error
-// (TimeoutError past `deadline`) naming the peer and what failed.
-Fd dial(const Identity& me, int peer, const std::string& host, int port, Clock::time_point deadline);
-
-// Accepts connections on `listener` until every rank in `expected` has
-// completed the handshake; returns their sockets, indexed by rank. Strangers
-// are bounded as described at the top of this file; *stats (if given) counts
-// them. Throws TimeoutError past `deadline`, naming the ranks still missing
-// and what was turned away.
-std::vector<Fd> accept_peers(int listener, const Identity& me, const std::vector<bool>& expected,
-                             Clock::time_point deadline, AcceptStats* stats = nullptr);
 
 }  // namespace tcp
 }  // namespace ringcomm

@@ -1,6 +1,6 @@
 // Small POSIX socket helpers for the TCP transport: an owning descriptor,
-// listen / connect with deadlines, and exact reads / writes that wait with
-// poll() so that no call blocks past its deadline.
+// a listener, and a connect that never blocks (connector.h waits for all of
+// them at once).
 #pragma once
 
 #include <string>
@@ -43,24 +43,23 @@ std::string errno_text(int err);
 // wait for a retransmission).
 Fd listen_on(const std::string& host, int* port);
 
-// A connected, non-blocking socket to host:port (numeric address or name),
-// or an invalid Fd with *error set. Retries refused connections until
-// `deadline` (the listener may not be up yet).
-Fd connect_to(const std::string& host, int port, Clock::time_point deadline, std::string* error);
+// The first step of a connection that the caller completes without blocking
+// (TCP's connect, then the handshake, from one poll loop: connector.h): a
+// non-blocking socket whose connect() to host:port is under way or done, or
+// an invalid Fd with *error set. A refusal is not retried: every rank listens
+// before its address is published, so a refused connection means the
+// listener is gone.
+Fd start_connect(const std::string& host, int port, std::string* error);
+// 0 once a connect started by start_connect has succeeded, else its errno.
+int connect_error(int fd);
 
 // Accepts one pending connection (non-blocking, close-on-exec), or an invalid Fd.
 Fd accept_from(int listener);
 
 void set_nodelay(int fd);
 
-// What read_exact returns when the other end closed the connection.
+// How a connection that the other end closed is reported.
 constexpr const char* kClosedByPeer = "connection closed by the other end";
-
-// Exact transfers on a non-blocking socket, waiting in poll() until `deadline`.
-// Return "" on success, otherwise what went wrong ("timed out", kClosedByPeer,
-// strerror).
-std::string read_exact(int fd, void* buf, size_t n, Clock::time_point deadline);
-std::string write_all(int fd, const void* buf, size_t n, Clock::time_point deadline);
 
 // "10.0.0.2:41234" for the far end of a connected socket.
 std::string peer_name(int fd);

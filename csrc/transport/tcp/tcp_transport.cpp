@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "ringcomm/interrupt.h"
 #include "ringcomm/types.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/wire.h"
@@ -25,6 +26,10 @@ namespace {
 constexpr size_t kPageBytes = 4096;
 constexpr int kMaxIov = 64;
 constexpr uint64_t kEventKey = ~0ULL;
+constexpr uint64_t kConnectorKey = ~1ULL;
+// How often the I/O thread looks at the listener and the handshakes under
+// way while its links keep it busy (it always does when it would sleep).
+constexpr auto kConnectorPoll = std::chrono::milliseconds(1);
 // How long an ABORT frame may wait for room in the socket before the
 // connection is reset instead (a reset reaches the peer even when it reads
 // nothing).
@@ -52,14 +57,14 @@ std::string printable(const std::string& s) {
 // the executor, which only calls the Link methods.
 class TcpLink : public Link {
  public:
-  enum State : int { kOpen = 0, kPeerClosed = 1, kFailed = 2 };
+  // kLost: no connection could be made (reason_ says why; poll_peers).
+  enum State : int { kOpen = 0, kPeerClosed = 1, kFailed = 2, kLost = 3 };
 
-  TcpLink(TcpTransport* owner, int rank, int peer, tcp::Fd fd, size_t slot_bytes, int nslots)
+  // Not connected yet: the I/O thread gives it a socket (attach) or loses it.
+  TcpLink(TcpTransport* owner, int rank, int peer, size_t slot_bytes, int nslots)
       : owner_(owner),
         rank_(rank),
         peer_(peer),
-        fd_(std::move(fd)),
-        name_(tcp::peer_name(fd_.get())),
         slot_bytes_(slot_bytes),
         n_(static_cast<uint64_t>(nslots)),
         stride_(tcp::slot_stride(slot_bytes)),
@@ -86,7 +91,7 @@ class TcpLink : public Link {
       throw Error("ringcomm: rank " + std::to_string(peer_) + " closed its communicator; rank " +
                   std::to_string(rank_) + " cannot send to it (did the ranks issue different calls?)");
     }
-    if (st == kFailed) return nullptr;  // the executor reports peer_abort_reason()
+    if (st == kFailed || st == kLost) return nullptr;  // the executor reports peer_abort_reason() / poll_peers()
     const uint64_t tail = out_tail_.load(std::memory_order_relaxed);
     if (tail - out_head_.load(std::memory_order_acquire) >= n_) return nullptr;
     send_offset_ = page_offset % kPageBytes;
@@ -149,8 +154,10 @@ class TcpLink : public Link {
   TcpTransport* const owner_;
   const int rank_;
   const int peer_;
-  tcp::Fd fd_;  // (io) after connect
-  const std::string name_;
+  tcp::Fd fd_;  // set by the I/O thread (attach, under wmu_)
+  std::string name_ = "not connected";  // (io) the peer's address
+  std::atomic<bool> connected_{false};  // fd_ was set (it may have been closed since)
+  bool lost_timeout_ = false;  // kLost because the dial ran out of time
   const size_t slot_bytes_;
   const uint64_t n_;
   const size_t stride_;
@@ -164,7 +171,7 @@ class TcpLink : public Link {
   alignas(64) std::atomic<uint64_t> in_tail_{0};   // received by the I/O thread
   alignas(64) std::atomic<uint64_t> in_head_{0};   // released by the executor
   std::atomic<int> state_{kOpen};
-  std::string reason_;  // written once by the I/O thread, before state_ becomes kFailed
+  std::string reason_;  // written once by the I/O thread, before state_ becomes kFailed or kLost
 
   uint32_t send_offset_ = 0;  // executor: page offset of the slot being filled
 
@@ -183,6 +190,7 @@ class TcpLink : public Link {
   CallRecordView peer_calls_[2];
   std::atomic<uint64_t> status_seen_{0};
   uint64_t status_asked_ = 0;   // status_seen_ when the last query was sent (requesting thread)
+  bool status_requested_ = false;  // the last request_peer_calls asked this peer (requesting thread)
   std::atomic<bool> done_writing_{false};  // goodbye or abort sent (write side shut), or failed
   bool out_ready_ = true;       // (io) the socket took everything so far (edge-triggered epoll)
   bool abort_queued_ = false;   // (io)
@@ -201,7 +209,14 @@ class TcpLink : public Link {
 };
 
 TcpTransport::TcpTransport(int rank, int world, size_t slot_bytes, int nslots, Transport* home)
-    : rank_(rank), world_(world), slot_bytes_(slot_bytes), nslots_(nslots), home_(home), links_(world) {}
+    : rank_(rank),
+      world_(world),
+      slot_bytes_(slot_bytes),
+      nslots_(nslots),
+      home_(home),
+      links_(new std::atomic<TcpLink*>[world]) {
+  for (int p = 0; p < world; ++p) links_[p].store(nullptr, std::memory_order_relaxed);
+}
 
 TcpTransport::~TcpTransport() {
   try {
@@ -216,10 +231,13 @@ int TcpTransport::listen(const std::string& host) {
   return port;
 }
 
-bool TcpTransport::reaches(int peer) const { return peer >= 0 && peer < world_ && links_[peer] != nullptr; }
+bool TcpTransport::reaches(int peer) const {
+  return peer >= 0 && peer < static_cast<int>(hosts_.size()) && !hosts_[peer].empty();
+}
 
 void TcpTransport::connect(const std::vector<std::string>& hosts, const std::vector<int>& ports,
-                           const std::string& secret, Clock::time_point deadline) {
+                           const std::string& secret, const std::vector<int>& now, Clock::time_point deadline,
+                           Clock::duration dial_timeout) {
   if (static_cast<int>(hosts.size()) != world_ || static_cast<int>(ports.size()) != world_) {
     throw ValueError("ringcomm: connect_tcp: expected " + std::to_string(world_) + " hosts and ports");
   }
@@ -228,55 +246,175 @@ void TcpTransport::connect(const std::vector<std::string>& hosts, const std::vec
                      " bytes, got " + std::to_string(secret.size()));
   }
   if (io_.joinable()) throw Error("ringcomm: the TCP transport is already connected");
-  const tcp::Identity me{rank_, world_, slot_bytes_, nslots_, secret};
-  std::vector<tcp::Fd> fds(world_);
-  std::vector<bool> expected(world_, false);
-  // Lower ranks accept and higher ranks dial: rank k dials 0..k-1 one by one,
-  // each of which answers once it has dialled its own lower ranks, so the
-  // chain always ends at rank 0, which only accepts.
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || hosts[p].empty()) continue;
-    if (p < rank_) {
-      fds[p] = tcp::dial(me, p, hosts[p], ports[p], deadline);
-    } else {
-      expected[p] = true;
-    }
+  if (!listener_.valid()) throw Error("ringcomm: connect_tcp before listen_tcp");
+  hosts_ = hosts;
+  hosts_[rank_].clear();
+  ports_ = ports;
+  dial_timeout_ = dial_timeout;
+  for (int p : now) {
+    if (!reaches(p)) throw ValueError("ringcomm: connect_tcp: rank " + std::to_string(p) + " is no TCP peer");
   }
-  if (std::find(expected.begin(), expected.end(), true) != expected.end()) {
-    if (!listener_.valid()) throw Error("ringcomm: connect_tcp before listen_tcp");
-    tcp::AcceptStats stats;
-    std::vector<tcp::Fd> accepted = tcp::accept_peers(listener_.get(), me, expected, deadline, &stats);
-    if (stats.turned_away()) {
-      // Someone other than the job's ranks connected to this rank's port:
-      // worth one line (README.md, "Security").
-      std::fprintf(stderr, "ringcomm: rank %d turned away %llu TCP connection(s) while waiting for its peers (%s)\n",
-                   rank_, static_cast<unsigned long long>(stats.turned_away()), stats.summary().c_str());
-    }
-    for (int p = 0; p < world_; ++p) {
-      if (expected[p]) fds[p] = std::move(accepted[p]);
-    }
-  }
-  listener_.reset();  // every peer is connected: nobody else may
   epoll_ = tcp::Fd(::epoll_create1(EPOLL_CLOEXEC));
   event_ = tcp::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!epoll_.valid() || !event_.valid()) throw Error("ringcomm: epoll / eventfd: " + tcp::errno_text(errno));
+  connector_ = std::make_unique<tcp::Connector>(tcp::Identity{rank_, world_, slot_bytes_, nslots_, secret},
+                                                std::move(listener_), hosts_, ports_);
   struct epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kEventKey;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, event_.get(), &ev);
-  for (int p = 0; p < world_; ++p) {
-    if (!fds[p].valid()) continue;
-    links_[p] = std::make_unique<TcpLink>(this, rank_, p, std::move(fds[p]), slot_bytes_, nslots_);
-    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-    ev.data.u64 = static_cast<uint64_t>(p);
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, links_[p]->fd_.get(), &ev) != 0) {
-      throw Error("ringcomm: epoll_ctl: " + tcp::errno_text(errno));
-    }
-  }
+  ev.data.u64 = kConnectorKey;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, connector_->fd(), &ev);
+  // The links wanted up front: both ends know them, so one dial per pair
+  // (the higher rank's, as the lower one would keep its own in a crossing)
+  // and the lower rank just waits for it.
+  for (int p : now) open_link(p, p < rank_);
   io_ = std::thread([this] { io_loop(); });
+  await_links(now, deadline);
+  std::lock_guard<std::mutex> lk(links_mu_);
+  if (turned_away_) {
+    // Someone other than the job's ranks connected to this rank's port:
+    // worth one line (README.md, "Security").
+    std::fprintf(stderr, "ringcomm: rank %d turned away %llu TCP connection(s) while waiting for its peers (%s)\n",
+                 rank_, static_cast<unsigned long long>(turned_away_), turned_away_text_.c_str());
+  }
 }
 
-Link* TcpTransport::link(int peer) { return links_[peer].get(); }
+Link* TcpTransport::link(int peer) {
+  TcpLink* l = links_[peer].load(std::memory_order_acquire);
+  return l ? l : open_link(peer, true);
+}
+
+Link* TcpTransport::open_link(int peer, bool dial) {
+  if (!reaches(peer)) {
+    throw Error("ringcomm: rank " + std::to_string(rank_) + " has no TCP address for rank " + std::to_string(peer));
+  }
+  std::lock_guard<std::mutex> lk(links_mu_);
+  TcpLink* l = links_[peer].load(std::memory_order_relaxed);
+  if (l) return l;
+  owned_.push_back(std::make_unique<TcpLink>(this, rank_, peer, slot_bytes_, nslots_));
+  l = owned_.back().get();
+  links_[peer].store(l, std::memory_order_release);
+  if (dial) {
+    dial_requests_.push_back(peer);
+    dial_asked_.store(true, std::memory_order_release);
+    uint64_t one = 1;
+    ssize_t r = ::write(event_.get(), &one, sizeof one);
+    (void)r;
+  }
+  return l;
+}
+
+// init's one wait for the links it connects up front (their dials and
+// accepts all run at once in the I/O thread).
+void TcpTransport::await_links(const std::vector<int>& peers, Clock::time_point deadline) {
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last_interrupt_check{};
+  std::unique_lock<std::mutex> lk(links_mu_);
+  for (;;) {
+    std::string missing;
+    for (int p : peers) {
+      TcpLink* l = links_[p].load(std::memory_order_acquire);
+      if (l->state_.load(std::memory_order_acquire) == TcpLink::kLost) {
+        if (l->lost_timeout_) throw TimeoutError("ringcomm: " + l->reason_);
+        throw Error("ringcomm: " + l->reason_);
+      }
+      if (!l->connected_.load(std::memory_order_acquire)) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    }
+    if (missing.empty()) return;
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      char took[32];
+      std::snprintf(took, sizeof took, "%.3g", std::chrono::duration<double>(now - start).count());
+      std::string strangers;
+      if (turned_away_) {
+        strangers = "; " + std::to_string(turned_away_) + " connection(s) turned away (" + turned_away_text_ + ")";
+      }
+      throw TimeoutError("ringcomm: rank " + std::to_string(rank_) + " timed out after " + took +
+                         " s waiting for TCP connections with rank(s) " + missing + strangers);
+    }
+    links_cv_.wait_for(lk, std::min<Clock::duration>(kInterruptPoll, deadline - now));
+    lk.unlock();
+    check_interrupted(Clock::now(), &last_interrupt_check, [] { return "waiting for TCP connections"; });
+    lk.lock();
+  }
+}
+
+// (io) Starts the dials that links asked for, serves the listener and the
+// handshakes under way, and takes in the links they produced.
+void TcpTransport::serve_connector(Clock::time_point now) {
+  last_connector_step_ = now;
+  if (dial_asked_.exchange(false, std::memory_order_acq_rel)) {
+    std::vector<int> asked;
+    {
+      std::lock_guard<std::mutex> lk(links_mu_);
+      asked.swap(dial_requests_);
+    }
+    for (int p : asked) connector_->dial(p, now + dial_timeout_);
+  }
+  std::vector<tcp::Connector::Result> done;
+  connector_->step(now, &done);
+  for (tcp::Connector::Result& r : done) {
+    if (r.fd.valid()) {
+      attach(r.peer, std::move(r.fd));
+    } else {
+      lose(r.peer, r.error, r.timed_out);
+    }
+  }
+  const tcp::AcceptStats& st = connector_->stats();
+  if (st.turned_away() != turned_away_) {
+    std::lock_guard<std::mutex> lk(links_mu_);
+    turned_away_ = st.turned_away();
+    turned_away_text_ = st.summary() + "; the last: " + connector_->last_turned_away();
+  }
+}
+
+// (io) `fd` is the connection to `peer`, through its handshake.
+void TcpTransport::attach(int peer, tcp::Fd fd) {
+  TcpLink* l = static_cast<TcpLink*>(open_link(peer, false));
+  {
+    std::lock_guard<std::mutex> wlk(l->wmu_);
+    l->name_ = tcp::peer_name(fd.get());
+    l->fd_ = std::move(fd);
+    l->out_ready_ = l->in_ready_ = true;
+  }
+  struct epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  ev.data.u64 = static_cast<uint64_t>(peer);
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, l->fd_.get(), &ev) != 0) {
+    std::lock_guard<std::mutex> wlk(l->wmu_);
+    l->fd_.reset();
+    lose(peer, "epoll_ctl for the connection to rank " + std::to_string(peer) + ": " + tcp::errno_text(errno), false);
+    return;
+  }
+  live_.push_back(l);
+  {
+    std::lock_guard<std::mutex> lk(links_mu_);
+    l->connected_.store(true, std::memory_order_release);
+  }
+  links_cv_.notify_all();
+  home_->wake();  // the executor may wait for data that was queued for it
+}
+
+// (io) No connection to `peer` could be made.
+void TcpTransport::lose(int peer, const std::string& why, bool timed_out) {
+  TcpLink* l = static_cast<TcpLink*>(open_link(peer, false));
+  {
+    std::lock_guard<std::mutex> lk(links_mu_);
+    l->reason_ = why;
+    l->lost_timeout_ = timed_out;
+    l->state_.store(TcpLink::kLost, std::memory_order_release);
+  }
+  links_cv_.notify_all();
+  home_->wake();
+}
+
+void TcpTransport::poll_peers() {
+  for (int p = 0; p < world_; ++p) {
+    TcpLink* l = links_[p].load(std::memory_order_acquire);
+    if (l && l->state_.load(std::memory_order_acquire) == TcpLink::kLost) throw PeerLostError(l->reason_);
+  }
+}
 
 void TcpTransport::notify_io() {
   // Pairs with the fence in io_loop: either the I/O thread sees the new
@@ -320,13 +458,16 @@ constexpr auto kStatusWait = std::chrono::milliseconds(300);
 
 void TcpTransport::request_peer_calls() {
   bool any = false;
-  for (auto& lp : links_) {
-    if (!lp || !lp->fd_.valid() || lp->done_writing_) continue;
+  std::lock_guard<std::mutex> lk(links_mu_);
+  for (auto& lp : owned_) {
     TcpLink& l = *lp;
+    l.status_requested_ = false;
+    if (!l.connected_.load(std::memory_order_acquire) || l.done_writing_) continue;
     l.status_asked_ = l.status_seen_.load(std::memory_order_acquire);
     std::lock_guard<std::mutex> wlk(l.wmu_);
+    if (!l.fd_.valid()) continue;
     if (l.status_out_.size() < 64 * sizeof(FrameHeader)) l.status_out_ += tcp::status_query();
-    any = true;
+    l.status_requested_ = any = true;
   }
   status_deadline_ = Clock::now() + kStatusWait;
   if (any) notify_io();
@@ -334,7 +475,9 @@ void TcpTransport::request_peer_calls() {
 
 bool TcpTransport::peer_call(int peer, bool p2p, CallRecordView* out) {
   if (!reaches(peer) || status_deadline_ == Clock::time_point{}) return false;
-  TcpLink& l = *links_[peer];
+  TcpLink* lp = links_[peer].load(std::memory_order_acquire);
+  if (!lp || !lp->status_requested_) return false;  // never connected: nothing to ask
+  TcpLink& l = *lp;
   while (l.status_seen_.load(std::memory_order_acquire) == l.status_asked_) {
     if (Clock::now() >= status_deadline_ || l.state_.load(std::memory_order_acquire) == TcpLink::kFailed) {
       return false;
@@ -348,7 +491,8 @@ bool TcpTransport::peer_call(int peer, bool p2p, CallRecordView* out) {
 
 std::string TcpTransport::peer_abort_reason(int peer) {
   if (!reaches(peer)) return {};
-  return links_[peer]->failure();
+  TcpLink* l = links_[peer].load(std::memory_order_acquire);
+  return l ? l->failure() : std::string();
 }
 
 void TcpTransport::fail_link(TcpLink& l, const std::string& why) {
@@ -628,8 +772,9 @@ bool TcpTransport::pump_in(TcpLink& l) {
 bool TcpTransport::has_work() {
   const bool aborting = aborted_.load(std::memory_order_relaxed);
   const bool discard = aborting || stop_.load(std::memory_order_relaxed);
-  for (const auto& lp : links_) {
-    if (!lp || !lp->fd_.valid()) continue;
+  if (dial_asked_.load(std::memory_order_acquire)) return true;
+  for (TcpLink* lp : live_) {
+    if (!lp->fd_.valid()) continue;
     TcpLink& l = *lp;
     if (l.out_ready_ && !l.done_writing_) {
       std::lock_guard<std::mutex> wlk(l.wmu_);
@@ -643,15 +788,32 @@ bool TcpTransport::has_work() {
 
 void TcpTransport::io_loop() {
   struct epoll_event evs[64];
+  bool connector_ready = true;
   for (;;) {
     const bool stopping = stop_.load(std::memory_order_acquire);
     const bool aborting = aborted_.load(std::memory_order_acquire);
-    const Clock::time_point now = Clock::now();
+    Clock::time_point now = Clock::now();
+    if (connector_ready || dial_asked_.load(std::memory_order_acquire) || now >= connector_->next_timer() ||
+        now - last_connector_step_ >= kConnectorPoll) {
+      connector_ready = false;
+      serve_connector(now);
+    }
     bool moved = false;
-    bool finished = true;  // every link said goodbye or is gone
+    // Every link said goodbye or is gone, and none that is still connecting
+    // holds segments (a send completes once its segments are queued).
+    bool finished = true;
     bool timed = stopping;  // something has a deadline: wake up now and then
-    for (auto& lp : links_) {
-      if (!lp || !lp->fd_.valid()) continue;
+    if (stopping) {
+      std::lock_guard<std::mutex> lk(links_mu_);
+      for (auto& lp : owned_) {
+        if (!lp->connected_.load(std::memory_order_relaxed) &&
+            lp->state_.load(std::memory_order_relaxed) != TcpLink::kLost && lp->out_pending()) {
+          finished = false;
+        }
+      }
+    }
+    for (TcpLink* lp : live_) {
+      if (!lp->fd_.valid()) continue;
       TcpLink& l = *lp;
       std::unique_lock<std::mutex> wlk(l.wmu_);
       if (aborting && !l.abort_queued_) {
@@ -685,7 +847,14 @@ void TcpTransport::io_loop() {
       io_sleeping_.store(0, std::memory_order_relaxed);
       continue;
     }
-    int n = ::epoll_wait(epoll_.get(), evs, 64, timed ? 10 : -1);
+    int wait_ms = timed ? 10 : -1;
+    const Clock::time_point timer = connector_->next_timer();
+    if (timer != Clock::time_point::max()) {
+      const auto until = std::chrono::duration_cast<std::chrono::milliseconds>(timer - Clock::now()).count() + 1;
+      const int ms = static_cast<int>(std::max<long long>(0, std::min<long long>(until, 1000)));
+      wait_ms = wait_ms < 0 ? ms : std::min(wait_ms, ms);
+    }
+    int n = ::epoll_wait(epoll_.get(), evs, 64, wait_ms);
     io_sleeping_.store(0, std::memory_order_relaxed);
     for (int i = 0; i < n; ++i) {
       if (evs[i].data.u64 == kEventKey) {
@@ -694,7 +863,11 @@ void TcpTransport::io_loop() {
         (void)r;
         continue;
       }
-      TcpLink* l = links_[evs[i].data.u64].get();
+      if (evs[i].data.u64 == kConnectorKey) {
+        connector_ready = true;
+        continue;
+      }
+      TcpLink* l = links_[evs[i].data.u64].load(std::memory_order_relaxed);
       if (!l || !l->fd_.valid()) continue;
       const uint32_t e = evs[i].events;
       if (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) l->in_ready_ = true;
@@ -720,6 +893,7 @@ void TcpTransport::close(Clock::time_point deadline) {
     io_.join();
   }
   shutdown_links();
+  connector_.reset();
   listener_.reset();
 }
 
@@ -727,8 +901,8 @@ void TcpTransport::close(Clock::time_point deadline) {
 // can destroy data the peer has not read yet: read them first.
 void TcpTransport::shutdown_links() {
   char sink[4096];
-  for (auto& lp : links_) {
-    if (!lp || !lp->fd_.valid()) continue;
+  for (TcpLink* lp : live_) {
+    if (!lp->fd_.valid()) continue;
     for (int i = 0; i < 256 && ::recv(lp->fd_.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
     }
     lp->fd_.reset();

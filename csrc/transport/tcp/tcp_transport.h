@@ -1,9 +1,18 @@
 // TCP transport: links to ranks that share no memory with this one (other
 // hosts), or to every rank when RINGCOMM_TRANSPORT=tcp.
 //
-// One connection per pair of ranks, made once per communicator (the higher
-// rank dials the lower one; both present the communicator's secret first,
-// see wire.h and handshake.h).
+// At most one connection per pair of ranks, made when a schedule first needs
+// it: link(peer) hands out the link at once and, unless it is connected
+// already, has the I/O thread dial the peer (who dials whom, and a dial
+// crossed by the peer's own, are settled in connector.h; both ends present
+// the communicator's secret first, see wire.h and handshake.h). A link that
+// is not connected yet takes segments into its `out` ring like any other;
+// they leave once it is. So a job of n ranks opens only the connections its
+// schedules use (a ring's 2 per rank, recursive doubling's log2 n), not
+// n(n-1)/2 of them. The links that are sure to be used (the ring
+// neighbours, comm/communicator.cpp) are connected at init, all at once:
+// the higher rank of each pair dials, the I/O thread makes every dial and
+// accept in parallel, and init waits once for all of them.
 //
 // Every link owns two preallocated rings of nslots slots (slot_bytes plus a
 // page of slack, so a payload may start at any page offset):
@@ -28,17 +37,23 @@
 // Failures: an ABORT frame from the peer, a connection that ends without the
 // CLOSE frame (a dead process), a reset, or a frame that fails the checks of
 // wire.h mark the link failed with a reason that peer_abort_reason() reports
-// (the executor polls it while it waits). announce_abort() sends ABORT to
-// every peer, and resets connections that cannot take it within a second.
+// (the executor polls it while it waits). A dial that fails (the peer's
+// listener refuses: its process is gone; or no answer within the timeout)
+// marks the link lost, which poll_peers() reports as PeerLostError naming
+// the peer. announce_abort() sends ABORT to every connected peer (and to any
+// that connects later), and resets connections that cannot take it within a
+// second.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "transport/tcp/connector.h"
 #include "transport/tcp/socket.h"
 #include "transport/transport.h"
 
@@ -56,17 +71,26 @@ class TcpTransport : public Transport {
   // Listens on `host` (a numeric address of this machine; "" for every IPv4
   // interface) and returns the port. Call before the addresses are exchanged.
   int listen(const std::string& host);
-  // Connects to every peer p with a non-empty hosts[p] (at ports[p]) and
-  // starts the I/O thread. `secret` (tcp::kSecretBytes bytes) is shared by
-  // all ranks of the communicator. Throws TimeoutError past `deadline`.
+  // Makes every rank p with a non-empty hosts[p] (listening at ports[p]) a
+  // peer of this transport, starts the I/O thread, and connects the peers
+  // in `now` (both ends of each such pair must name the other), in
+  // parallel; returns once they are all up. `secret` (tcp::kSecretBytes
+  // bytes) is shared by all ranks of the communicator. Throws TimeoutError
+  // past `deadline` naming the ranks still missing, Error for a dial that
+  // failed. A link set up later (link()) gives up `dial_timeout` after its
+  // dial started.
   void connect(const std::vector<std::string>& hosts, const std::vector<int>& ports,
-               const std::string& secret, Clock::time_point deadline);
+               const std::string& secret, const std::vector<int>& now, Clock::time_point deadline,
+               Clock::duration dial_timeout);
   // Sends what is still queued, says goodbye to every peer and closes the
   // connections; waits for slow peers at most until `deadline`.
   void close(Clock::time_point deadline);
+  // Whether `peer` is reached over TCP (connected or not yet).
   bool reaches(int peer) const;
 
+  // The link to `peer`; the first call asks for its connection.
   Link* link(int peer) override;
+  void poll_peers() override;
   void sleep(Clock::time_point until, const std::function<bool()>& recheck) override {
     home_->sleep(until, recheck);
   }
@@ -89,6 +113,11 @@ class TcpTransport : public Transport {
   std::string local_abort() const;
 
  private:
+  Link* open_link(int peer, bool dial);
+  void await_links(const std::vector<int>& peers, Clock::time_point deadline);
+  void serve_connector(Clock::time_point now);
+  void attach(int peer, tcp::Fd fd);
+  void lose(int peer, const std::string& why, bool timed_out);
   void io_loop();
   bool pump_out(TcpLink& l);
   bool pump_in(TcpLink& l);
@@ -102,10 +131,26 @@ class TcpTransport : public Transport {
   const size_t slot_bytes_;
   const int nslots_;
   Transport* home_;
-  tcp::Fd listener_;
+  tcp::Fd listener_;  // until connect() hands it to connector_
   tcp::Fd epoll_;
   tcp::Fd event_;  // eventfd: the executor wakes the I/O thread
-  std::vector<std::unique_ptr<TcpLink>> links_;  // by rank; null where another transport is used
+  std::vector<std::string> hosts_;  // by rank: "" where another transport is used
+  std::vector<int> ports_;
+  Clock::duration dial_timeout_{};
+  // Links by rank, made on first use (open_link) or when a peer connects
+  // (attach); never replaced nor freed before the transport.
+  std::unique_ptr<std::atomic<TcpLink*>[]> links_;
+  std::vector<TcpLink*> live_;  // (io) the links with a socket, in the order they connected
+  std::unique_ptr<tcp::Connector> connector_;  // (io) once connect() has started the I/O thread
+  Clock::time_point last_connector_step_{};    // (io)
+  std::mutex links_mu_;  // guards owned_, dial_requests_ and the making of links
+  std::vector<std::unique_ptr<TcpLink>> owned_;
+  std::vector<int> dial_requests_;       // peers whose link asks for a dial (the I/O thread starts it)
+  std::atomic<bool> dial_asked_{false};  // dial_requests_ is not empty
+  std::condition_variable links_cv_;     // a link came up or was lost (await_links)
+  // What the listener turned away (a copy the I/O thread makes, guarded by links_mu_).
+  uint64_t turned_away_ = 0;
+  std::string turned_away_text_;
   std::thread io_;
 
   std::atomic<uint32_t> io_sleeping_{0};
