@@ -734,7 +734,7 @@ void Communicator::execute_p2p(Item first) {
     for (Member& m : members) {
       if (m.done) continue;
       bool all = true;
-      for (size_t i = m.begin; i < m.end && all; ++i) all = schedule_[i].complete;
+      for (size_t i = m.begin; i < m.end && all; ++i) all = executor_.step_complete(i);
       if (all) {
         m.done = true;
         record(m.item.first, CallState::kFinished);
