@@ -20,6 +20,7 @@ PYBIND11_MODULE(_C, m) {
   ringcomm::bind_communicator(m);
   ringcomm::bind_fast_calls(m);
   ringcomm::bind_device_sim(m);
+  ringcomm::bind_plan_check(m);
 #ifdef RINGCOMM_WITH_CUDA
   ringcomm::bind_cuda(m);
 #endif
