@@ -485,8 +485,7 @@ class CpuRun {
       std::string why;
       if (s.after != SIZE_MAX && !k.progress[s.after].complete) {
         why = "waits for step " + str(s.after);
-      } else if (s.kind == StepKind::kPull || s.kind == StepKind::kPullReduce) {
-        why = "cannot read";  // (not reached: a ready pull always runs)
+
       } else if (s.kind == StepKind::kAwaitPull) {
         why = "waits for rank " + std::to_string(s.recv_peer) + " to say it read this rank's buffer";
       } else if (uses_recv(s.kind) && fifo_[s.recv_peer * n_ + r].empty()) {

@@ -12,9 +12,14 @@
 //     thread under the executor's own ordering rules (comm/step_order.h,
 //     the code the executor runs), each FIFO holding at most `nslots`
 //     segments of `slot_bytes`, pull steps reading only addresses that have
-//     arrived, from peers that have not yet returned; or, for the device
+//     arrived, from peers that have not yet returned (pulls run last, only
+//     when nothing else can move: the order in which an owner is likeliest
+//     to have returned before its readers read); or, for the device
 //     executor, its grouped transfers under the strict group semantics of
 //     comm/device_sim.h.
+//
+// Data is not followed (only the addresses pull schedules send): a plan that
+// moves the right sizes to the right peers but the wrong blocks passes.
 //
 // One interleaving suffices: a step that may move stays movable until it
 // moves (a FIFO only fills by its one sender and only drains by its one
