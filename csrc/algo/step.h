@@ -52,10 +52,6 @@ struct Step {
   uint64_t remote_offset = 0;
   // Any step: the index of a step that must be complete before this one starts.
   size_t after = SIZE_MAX;
-  // Progress, owned by the executor.
-  size_t done = 0;
-  uint64_t segment = 0;
-  bool complete = false;
 };
 
 inline bool is_local(StepKind k) {
@@ -65,6 +61,17 @@ inline bool is_local(StepKind k) {
 inline bool is_pull(StepKind k) {
   return k == StepKind::kPull || k == StepKind::kPullReduce || k == StepKind::kAckPull ||
          k == StepKind::kAwaitPull;
+}
+
+// Steps that take messages from recv_peer's FIFO, and that put messages into
+// send_peer's.
+inline bool uses_recv(StepKind k) {
+  return k == StepKind::kRecv || k == StepKind::kRecvReduce || k == StepKind::kRecvReduceSend ||
+         k == StepKind::kRecvReduceCopySend || k == StepKind::kRecvCopySend;
+}
+inline bool uses_send(StepKind k) {
+  return k == StepKind::kSend || k == StepKind::kRecvReduceSend || k == StepKind::kRecvReduceCopySend ||
+         k == StepKind::kRecvCopySend;
 }
 
 using Schedule = std::vector<Step>;

@@ -29,6 +29,15 @@ struct CallPlan {
   char* scratch = nullptr;
 };
 
+// Elements of each block a ring round moves (PlanContext::slice_elems) over
+// FIFOs of `nslots` slots of `slot_bytes`: a quarter of the FIFO depth, well
+// below the half that keeps the ring deadlock free (see algo/ring.cpp).
+inline size_t ring_slice_elems(size_t slot_bytes, int nslots, size_t elem) {
+  const size_t segments = nslots / 4 > 1 ? static_cast<size_t>(nslots / 4) : 1;
+  const size_t slice = segments * slot_bytes / elem;
+  return slice > 1 ? slice : 1;
+}
+
 // Bytes of scratch `call`'s family needs (0 for most).
 size_t scratch_bytes(const CallPlan& call, size_t elem, int world);
 

@@ -661,10 +661,7 @@ void Communicator::help(const Work* work) {
 
 void Communicator::plan(Call& c) {
   const size_t elem = dtype_size(static_cast<DataType>(c.tag.dtype));
-  // Each ring round moves slices of a quarter of the FIFO depth, well below
-  // the half that keeps the ring deadlock free (see algo/ring.cpp).
-  const size_t segments = std::max(1, config_.nslots / 4);
-  const size_t slice = std::max<size_t>(1, segments * config_.slot_bytes / elem);
+  const size_t slice = ring_slice_elems(config_.slot_bytes, config_.nslots, elem);
   PlanContext ctx{rank_, world_, elem, slice, &c.tag, &schedule_, addrs_.data()};
   ctx.topo = &topo_;
   if (!ring_identity_) {
@@ -842,7 +839,7 @@ void Communicator::execute_p2p(Item first) {
     for (Member& m : members) {
       if (m.done) continue;
       bool all = true;
-      for (size_t i = m.begin; i < m.end && all; ++i) all = schedule_[i].complete;
+      for (size_t i = m.begin; i < m.end && all; ++i) all = executor_.step_complete(i);
       if (all) {
         m.done = true;
         record(m.item.first, CallState::kFinished);

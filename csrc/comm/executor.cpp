@@ -28,19 +28,6 @@ void yield_cpu() { sched_yield(); }
 
 namespace {
 
-// Steps beyond the first incomplete one that a pass looks at. The FIFO order
-// rule blocks anything further anyway; this bounds the cost of a pass.
-size_t window_for(int world) { return static_cast<size_t>(4 * world + 8); }
-
-bool uses_recv(StepKind k) {
-  return k == StepKind::kRecv || k == StepKind::kRecvReduce || k == StepKind::kRecvReduceSend ||
-         k == StepKind::kRecvReduceCopySend || k == StepKind::kRecvCopySend;
-}
-bool uses_send(StepKind k) {
-  return k == StepKind::kSend || k == StepKind::kRecvReduceSend ||
-         k == StepKind::kRecvReduceCopySend || k == StepKind::kRecvCopySend;
-}
-
 // Reduction chunks read from a peer: small enough to stay in L2.
 constexpr size_t kPullChunk = 256 * 1024;
 
@@ -51,14 +38,15 @@ Executor::Executor(Transport* transport, int rank, int world, WaitPolicy policy)
       rank_(rank),
       world_(world),
       policy_(policy),
-      send_busy_(world),
-      recv_busy_(world),
-      pull_tmp_(kPullChunk + 2 * 4096) {}  // room to place the chunk at any page offset
+      busy_(world),
+      pull_tmp_(kPullChunk + 2 * 4096) {
+  progress_.reserve(1024);  // as the communicator's schedule: no allocation per call
+}  // room to place the chunk at any page offset
 
 // Single copy from a peer's buffer; a reducing pull goes through a small
 // buffer that stays in cache, placed at the destination's page offset (copies
 // between buffers at different offsets within a page run ~3x slower).
-void Executor::pull(Step& s, const Reducer* reducer) {
+void Executor::pull(const Step& s, const Reducer* reducer) {
   Link* link = transport_->link(s.recv_peer);
   const uint64_t addr = *s.remote_base + s.remote_offset;
   if (s.kind == StepKind::kPull) {
@@ -92,20 +80,20 @@ void Executor::check_header(const MsgTag& expect, int peer, uint64_t segment, co
 }
 
 // Moves one step as far as its FIFOs allow. Returns whether anything moved.
-bool Executor::advance(Step& s, const Reducer* reducer) {
+bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
   bool moved = false;
   if (s.kind == StepKind::kAckPull) {
     transport_->link(s.send_peer)->ack_pull(s.tag->seq);
-    s.complete = true;
+    p.complete = true;
     return true;
   }
   if (s.kind == StepKind::kAwaitPull) {
-    s.complete = transport_->link(s.recv_peer)->pulled() >= s.tag->seq;
-    return s.complete;
+    p.complete = transport_->link(s.recv_peer)->pulled() >= s.tag->seq;
+    return p.complete;
   }
   if (is_pull(s.kind)) {
     pull(s, reducer);
-    s.complete = true;
+    p.complete = true;
     return true;
   }
   if (is_local(s.kind)) {
@@ -122,61 +110,61 @@ bool Executor::advance(Step& s, const Reducer* reducer) {
       reducer->fn(s.dst, s.src, s.src2, n);
       if (s.divide) reducer->divide(s.dst, n, world_);
     }
-    s.complete = true;
+    p.complete = true;
     return true;
   }
   Link* in = s.recv_peer >= 0 ? transport_->link(s.recv_peer) : nullptr;
   Link* out = s.send_peer >= 0 ? transport_->link(s.send_peer) : nullptr;
   const size_t slot = (in ? in : out)->slot_bytes();
-  while (!s.complete) {
-    const size_t n = std::min(slot, s.nbytes - s.done);
+  while (!p.complete) {
+    const size_t n = std::min(slot, s.nbytes - p.done);
     const char* payload = nullptr;
     const MsgHeader* h = nullptr;
     if (in) {
       h = in->recv_peek(&payload);
       if (!h) break;
-      check_header(*s.tag, s.recv_peer, s.segment, *h, n);
+      check_header(*s.tag, s.recv_peer, p.segment, *h, n);
     }
     char* slot_ptr = nullptr;
     if (out) {
-      const void* align_to = s.kind == StepKind::kSend             ? s.src + s.done
-                             : s.kind == StepKind::kRecvReduceSend ? s.src + s.done
-                                                                   : s.dst + s.done;
+      const void* align_to = s.kind == StepKind::kSend             ? s.src + p.done
+                             : s.kind == StepKind::kRecvReduceSend ? s.src + p.done
+                                                                   : s.dst + p.done;
       slot_ptr = out->send_slot(page_offset(align_to));
       if (!slot_ptr) break;
     }
     const size_t elems = reducer ? n / reducer->elem_size : 0;
     switch (s.kind) {
       case StepKind::kSend:
-        if (n) std::memcpy(slot_ptr, s.src + s.done, n);
+        if (n) std::memcpy(slot_ptr, s.src + p.done, n);
         break;
       case StepKind::kRecv:
         if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
-          copy_streaming(s.dst + s.done, payload, n);
+          copy_streaming(s.dst + p.done, payload, n);
         } else if (n) {
-          std::memcpy(s.dst + s.done, payload, n);
+          std::memcpy(s.dst + p.done, payload, n);
         }
         break;
       case StepKind::kRecvReduce:
-        reducer->fn(s.dst + s.done, s.src + s.done, payload, elems);
-        if (s.divide) reducer->divide(s.dst + s.done, elems, world_);
+        reducer->fn(s.dst + p.done, s.src + p.done, payload, elems);
+        if (s.divide) reducer->divide(s.dst + p.done, elems, world_);
         break;
       case StepKind::kRecvReduceSend:
-        reducer->fn(slot_ptr, s.src + s.done, payload, elems);
+        reducer->fn(slot_ptr, s.src + p.done, payload, elems);
         break;
       case StepKind::kRecvReduceCopySend:
-        reducer->fn(s.dst + s.done, s.src + s.done, payload, elems);
-        if (s.divide) reducer->divide(s.dst + s.done, elems, world_);
-        if (n) std::memcpy(slot_ptr, s.dst + s.done, n);
+        reducer->fn(s.dst + p.done, s.src + p.done, payload, elems);
+        if (s.divide) reducer->divide(s.dst + p.done, elems, world_);
+        if (n) std::memcpy(slot_ptr, s.dst + p.done, n);
         break;
       case StepKind::kRecvCopySend:
         // Both copies read the payload (in cache), not dst (it may have been
         // written around the cache).
         if (n) std::memcpy(slot_ptr, payload, n);
         if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
-          copy_streaming(s.dst + s.done, payload, n);
+          copy_streaming(s.dst + p.done, payload, n);
         } else if (n) {
-          std::memcpy(s.dst + s.done, payload, n);
+          std::memcpy(s.dst + p.done, payload, n);
         }
         break;
       default:
@@ -186,53 +174,24 @@ bool Executor::advance(Step& s, const Reducer* reducer) {
       MsgHeader oh;
       oh.tag = *s.tag;
       oh.nbytes = static_cast<uint32_t>(n);
-      oh.segment = s.segment;
+      oh.segment = p.segment;
       out->send_commit(oh);
     }
     if (in) in->recv_release();
-    s.done += n;
-    ++s.segment;
+    p.done += n;
+    ++p.segment;
     moved = true;
-    if (s.done == s.nbytes) s.complete = true;
+    if (p.done == s.nbytes) p.complete = true;
   }
   return moved;
 }
 
-// One pass over the active window. A step may touch a FIFO only if no earlier
-// incomplete step uses it (messages on a FIFO stay in order); a local step
-// runs only when everything before it is complete, and blocks what follows.
-bool Executor::pass(Schedule& steps, const Reducer* reducer, size_t window) {
-  std::fill(send_busy_.begin(), send_busy_.end(), 0);
-  std::fill(recv_busy_.begin(), recv_busy_.end(), 0);
-  bool moved = false;
-  const size_t end = std::min(steps.size(), first_ + window);
-  for (size_t i = first_; i < end; ++i) {
-    Step& s = steps[i];
-    if (s.complete) continue;
-    if (is_local(s.kind)) {
-      if (i == first_) moved |= advance(s, reducer);
-      break;
-    }
-    if (s.after != SIZE_MAX && !steps[s.after].complete) {
-      // Not ready: still holds its FIFOs' place so later messages stay behind it.
-      if (uses_recv(s.kind)) recv_busy_[s.recv_peer] = 1;
-      if (uses_send(s.kind)) send_busy_[s.send_peer] = 1;
-      continue;
-    }
-    if (is_pull(s.kind)) {
-      moved |= advance(s, reducer);
-      continue;
-    }
-    bool rb = uses_recv(s.kind) && recv_busy_[s.recv_peer];
-    bool sb = uses_send(s.kind) && send_busy_[s.send_peer];
-    if (!rb && !sb) moved |= advance(s, reducer);
-    if (!s.complete) {
-      if (uses_recv(s.kind)) recv_busy_[s.recv_peer] = 1;
-      if (uses_send(s.kind)) send_busy_[s.send_peer] = 1;
-    }
-  }
-  while (first_ < steps.size() && steps[first_].complete) ++first_;
-  return moved;
+// One pass over the active window, in the order comm/step_order.h sets.
+bool Executor::pass(const Schedule& steps, const Reducer* reducer, size_t window) {
+  // Steps appended by a refill get their progress here.
+  if (progress_.size() < steps.size()) progress_.resize(steps.size());
+  return ordered_pass(steps, progress_.data(), &first_, window, busy_,
+                      [&](size_t i) { return advance(steps[i], progress_[i], reducer); });
 }
 
 namespace {
@@ -346,10 +305,11 @@ void Executor::throw_timeout(const CallInfo& info, const std::string& what) cons
                      (peers.empty() ? " (did every rank call it?)" : ": " + peers));
 }
 
-void Executor::run(Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
+void Executor::run(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
                    const CallInfo& info, const std::function<bool()>* refill) {
   first_ = 0;
-  const size_t window = refill ? SIZE_MAX / 2 : window_for(world_);
+  progress_.assign(steps.size(), StepProgress{});  // within the reserved capacity: no allocation
+  const size_t window = refill ? SIZE_MAX / 2 : step_window(world_);
   drive([&] {
           bool changed = refill && (*refill)();
           return pass(steps, reducer, window) || changed;

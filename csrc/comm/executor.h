@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "algo/step.h"
+#include "comm/step_order.h"
 #include "ringcomm/interrupt.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/types.h"
@@ -55,8 +56,13 @@ class Executor {
   // stream of point-to-point calls progresses together. It returns whether
   // it changed anything. Appended steps are all looked at in every pass;
   // otherwise a pass looks at a bounded window after the first unfinished step.
-  void run(Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
+  //
+  // `steps` is only read: the progress of each step is the executor's own
+  // (step_complete), so a schedule may be kept and run again.
+  void run(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
            const CallInfo& info, const std::function<bool()>* refill = nullptr);
+  // Whether step i of the schedule being run (or run last) is complete.
+  bool step_complete(size_t i) const { return i < progress_.size() && progress_[i].complete; }
 
   // The waiting loop of run(), for callers that move data themselves (the
   // small all_reduce path): calls `step` (returns whether anything moved)
@@ -81,9 +87,9 @@ class Executor {
                     size_t expect_bytes) const;
 
  private:
-  bool pass(Schedule& steps, const Reducer* reducer, size_t window);
-  bool advance(Step& s, const Reducer* reducer);
-  void pull(Step& s, const Reducer* reducer);
+  bool pass(const Schedule& steps, const Reducer* reducer, size_t window);
+  bool advance(const Step& s, StepProgress& p, const Reducer* reducer);
+  void pull(const Step& s, const Reducer* reducer);
   [[noreturn]] void fail_timeout(const Schedule& steps, const CallInfo& info);
   void check_peers_alive();
   // Every few milliseconds of a call: this rank aborted (another thread),
@@ -97,7 +103,8 @@ class Executor {
   WaitPolicy policy_;
   size_t first_ = 0;  // first incomplete step
   bool streaming_ = false;
-  std::vector<uint8_t> send_busy_, recv_busy_;
+  std::vector<StepProgress> progress_;  // one per step of the running schedule (reused)
+  FifoMarks busy_;
   std::vector<char> pull_tmp_;
   const CallInfo* info_ = nullptr;
   Clock::time_point last_poll_{};       // poll_peers
