@@ -33,6 +33,7 @@ const char* family_name(ScheduleFamily f) {
     case kFamilyTree: return "tree";
     case kFamilyRabenseifner: return "rabenseifner";
     case kFamilyBruck: return "bruck";
+    case kFamilyHierarchical: return "hierarchical";
   }
   return "?";
 }
