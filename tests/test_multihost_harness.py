@@ -149,6 +149,36 @@ def test_bridged_hosts_shape_both_ends_and_are_removed():
     assert left == []
 
 
+def test_shaped_links_hold_traffic_to_the_rate():
+    _needs_namespaces()
+    nbytes = 1 << 20  # at 40 Mbit/s (5 MB/s) past the 64 KiB bucket: ~0.19 s; unshaped: ~1 ms
+    with netns.bridged_hosts(2, "rcmt", "10.79.0", rate="40mbit") as hosts:
+        server = subprocess.Popen(
+            [*hosts[0].exec_prefix(), sys.executable, "-c",
+             "import socket\ns = socket.create_server(('10.79.0.1', 5001)); print('up', flush=True)\n"
+             "c, _ = s.accept(); n = 0\nwhile (b := c.recv(1 << 16)): n += len(b)\nprint(n)"],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout.readline().strip() == "up"
+            client = subprocess.run(
+                [*hosts[1].exec_prefix(), sys.executable, "-c",
+                 "import socket, time\nc = socket.create_connection(('10.79.0.1', 5001))\n"
+                 f"t = time.perf_counter(); c.sendall(bytes({nbytes})); c.shutdown(socket.SHUT_WR)\n"
+                 "c.recv(1); print(time.perf_counter() - t)"],
+                capture_output=True, text=True, timeout=30)
+            assert server.wait(timeout=30) == 0 and int(server.stdout.read()) == nbytes
+        finally:
+            server.kill()
+            server.wait()
+            server.stdout.close()
+        assert float(client.stdout) > 0.1, client.stdout + client.stderr
+        bridge_ns, _ = netns.host_names("rcmt", 2)
+        for ns, dev in ((hosts[1].ns, hosts[1].ifname), (bridge_ns, "vb0")):  # both hops shaped it
+            shown = subprocess.run(["tc", "-s", "-n", ns, "qdisc", "show", "dev", dev],
+                                   capture_output=True, text=True, timeout=30).stdout
+            assert int(shown.split("Sent ")[1].split()[0]) >= nbytes, (ns, dev, shown)
+
+
 def test_two_hosts_one_and_two_ranks_interleaved(tmp_path):
     _needs_namespaces()
     out = tmp_path / "mh"
