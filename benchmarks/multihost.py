@@ -438,8 +438,46 @@ def write_outputs(out: str, header: List[str], rows: List[dict], runs: List[dict
 
 # --------------------------------------------------------------------------- main
 
-def _raise_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)
+class Terminated(Exception):
+    """SIGTERM or SIGHUP: cleaned up and reported as Ctrl-C is."""
+
+    def __init__(self, signum):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _terminate(signum, frame):
+    raise Terminated(signum)
+
+
+def run_once(args, cfg: Config, hosts: List[netns.Host], run: int, port: int, workdir: str):
+    """One run of one configuration: (its record for the JSON, its table rows)."""
+    json_path = os.path.join(workdir, "rank0.json")
+    bench = bench_argv(args, json_path)
+    t0 = time.monotonic()
+    codes, logs = launch(cfg, hosts, port, bench, workdir, args.launch_timeout, args.pin)
+    wall = time.monotonic() - t0
+    report = None
+    if os.path.exists(json_path):
+        with open(json_path) as f:
+            report = json.load(f)
+    fails = [exit_failure(i, c, args.launch_timeout) for i, c in enumerate(codes) if c != 0]
+    if report is not None or not fails:
+        fails += check_run(cfg, report, args)
+    what = f"{cfg.label()}, run {run}"
+    print(f"multihost.py: {what}: {'FAILED' if fails else 'ok'} ({wall:.1f} s)",
+          file=sys.stderr, flush=True)
+    if fails:
+        for i, path in enumerate(logs):
+            print(f"--- {what}, host {i} (exit {codes[i]}), end of its log:\n{_tail(path)}",
+                  file=sys.stderr, flush=True)
+    record = {"hosts": cfg.hosts, "ranks_per_host": cfg.ranks_per_host,
+              "placement": cfg.placement, "run": run, "port": port, "exit_codes": codes,
+              "wall_s": wall, "failures": [f"{what}: {f}" for f in fails],
+              "cpus": [host_cpus(h.index, len(hosts)) for h in hosts] if args.pin else None,
+              "bench_command": host_command(cfg, hosts[0], hosts[0].addr, port, bench),
+              "report": report}
+    return record, rows_of(cfg, run, report, args.rate) if report is not None else []
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -450,66 +488,38 @@ def main(argv: Optional[List[str]] = None) -> int:
     if reason:
         print(f"multihost.py: {reason}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)  # clean up as on Ctrl-C
-    signal.signal(signal.SIGHUP, _raise_on_sigterm)
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
     plan = configs(args.hosts, args.ranks_per_host, args.placement)
     header = header_lines(args, command)
     rows: List[dict] = []
     runs: List[dict] = []
     failures: List[str] = []
-    port = BASE_PORT
-    total, done = len(plan) * args.repeat, 0
+    code = 0
     try:
         with tempfile.TemporaryDirectory(prefix="ringcomm-multihost-") as tmp:
             for n_hosts in dict.fromkeys(c.hosts for c in plan):
                 with netns.bridged_hosts(n_hosts, PREFIX, SUBNET, args.rate) as hosts:
                     for cfg in (c for c in plan if c.hosts == n_hosts):
                         for run in range(1, args.repeat + 1):
-                            done += 1
-                            port += 1  # a fresh port: no waiting out the last run's sockets
-                            workdir = os.path.join(tmp, f"{done}")
+                            # A fresh port each time: no waiting out the last run's sockets.
+                            workdir = os.path.join(tmp, str(len(runs)))
                             os.makedirs(workdir)
-                            json_path = os.path.join(workdir, "rank0.json")
-                            t0 = time.monotonic()
-                            codes, logs = launch(cfg, hosts, port, bench_argv(args, json_path),
-                                                 workdir, args.launch_timeout, args.pin)
-                            wall = time.monotonic() - t0
-                            report = None
-                            if os.path.exists(json_path):
-                                with open(json_path) as f:
-                                    report = json.load(f)
-                            fails = [exit_failure(i, c, args.launch_timeout)
-                                     for i, c in enumerate(codes) if c != 0]
-                            if report is not None or not fails:
-                                fails += check_run(cfg, report, args)
-                            what = f"{cfg.label()}, run {run}"
-                            print(f"multihost.py: [{done}/{total}] {what}: "
-                                  f"{'FAILED' if fails else 'ok'} ({wall:.1f} s)",
-                                  file=sys.stderr, flush=True)
-                            if fails:
-                                failures += [f"{what}: {f}" for f in fails]
-                                for i, path in enumerate(logs):
-                                    print(f"--- {what}, host {i} (exit {codes[i]}), end of its log:\n"
-                                          f"{_tail(path)}", file=sys.stderr, flush=True)
-                            if report is not None:
-                                rows += rows_of(cfg, run, report, args.rate)
-                            runs.append({"hosts": cfg.hosts, "ranks_per_host": cfg.ranks_per_host,
-                                         "placement": cfg.placement, "run": run, "port": port,
-                                         "exit_codes": codes, "wall_s": wall, "failures": fails,
-                                         "cpus": [host_cpus(h.index, len(hosts)) for h in hosts]
-                                         if args.pin else None,
-                                         "bench_command": host_command(cfg, hosts[0], hosts[0].addr,
-                                                                       port, bench_argv(args, json_path)),
-                                         "report": report})
-    except KeyboardInterrupt:
-        failures.append("interrupted (Ctrl-C): the table holds the runs that finished")
-        write_outputs(args.out, header, rows, runs, failures, args, command)
-        return 130
+                            record, got = run_once(args, cfg, hosts, run,
+                                                   BASE_PORT + len(runs), workdir)
+                            runs.append(record)
+                            rows += got
+                            failures += record["failures"]
+    except (KeyboardInterrupt, Terminated) as e:
+        failures.append(f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else e}): "
+                        "the table holds the runs that finished")
+        code = 130 if isinstance(e, KeyboardInterrupt) else 128 + e.signum
     except RuntimeError as e:  # the namespaces could not be made
         print(f"multihost.py: {e}", file=sys.stderr)
-        return 2
+        failures.append(str(e))
+        code = 2
     write_outputs(args.out, header, rows, runs, failures, args, command)
-    return 1 if failures else 0
+    return code or (1 if failures else 0)
 
 
 if __name__ == "__main__":
