@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--placement", type=lambda t: _names(t, PLACEMENTS), default=["contiguous"],
       help="contiguous (torchrun's numbering) and/or interleaved (rank = local_rank * hosts + "
            "node_rank), comma list (default contiguous)")
-    a("--algos", default="ring,auto",
+    a("--algos", default="ring;auto",
       help="ringcomm algorithms, each forced with RINGCOMM_ALGO: a list separated by spaces "
            "or ';' (commas belong to the per-op form, e.g. 'ring;oneshot;"
            "all_reduce:recursive_doubling;all_reduce:rabenseifner;auto'); '' for none "

@@ -125,6 +125,7 @@ def test_harness_rejects_bad_flags(capsys):
                           "--out", "x/y.json", "--", "-n", "3"])
     assert args.algos == ["ring", "all_reduce:rabenseifner,broadcast:tree", "auto"]
     assert args.out == "x/y" and args.bench_extra == ["-n", "3"]
+    assert mh.parse_args([]).algos == ["ring", "auto"]
 
 
 # --------------------------------------------------------------------------- namespaces
