@@ -1,36 +1,19 @@
 """Two "hosts" on one machine: network namespaces joined by a veth pair, for the
 tests that cross a network (test_multihost, test_netfault). Needs root and `ip`
-(iproute2); skip_reason() says why not."""
+(iproute2); skip_reason() says why not. (Bridged topologies of more hosts:
+ringcomm.bench.netns, which this shares its plumbing with.)"""
 
 import contextlib
 import os
-import re
-import shutil
 import subprocess
 
 import pytest
 
-
-def ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
+from ringcomm.bench.netns import delete_stale, ip, unavailable_reason
 
 
 def skip_reason():
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    if shutil.which("ip") is None:
-        return "`ip` (iproute2) is not installed"
-    return None
-
-
-def _delete_stale(prefix):
-    """Namespaces `prefix<pid>...` left by a run that was killed before its clean-up
-    (its pid is gone)."""
-    listing = ip("netns", "list", check=False).stdout
-    for pid in set(re.findall(rf"^{prefix}(\d+)[a-z]*[ab]\b", listing, re.MULTILINE)):
-        if not os.path.exists(f"/proc/{pid}"):
-            for name in re.findall(rf"^({prefix}{pid}[a-z]*[ab])\b", listing, re.MULTILINE):
-                ip("netns", "del", name, check=False)
+    return unavailable_reason()
 
 
 @contextlib.contextmanager
@@ -41,7 +24,7 @@ def two_hosts(prefix, veth_prefix, addrs, tag=""):
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    _delete_stale(prefix)
+    delete_stale(prefix, "[a-z]*[ab]")
     base = f"{os.getpid()}{tag}"
     names = [f"{prefix}{base}a", f"{prefix}{base}b"]
     veths = [f"{veth_prefix}{base}a"[-15:], f"{veth_prefix}{base}b"[-15:]]  # interface names: 15 characters at most

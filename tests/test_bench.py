@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from ringcomm.bench import check
+from ringcomm.bench.backends import format_host_groups, same_host_groups
 from ringcomm.bench.buffers import Buffer, Buffers, resolve_dtype
-from ringcomm.bench.cli import parse_args
+from ringcomm.bench.cli import _backend_instances, parse_args
 from ringcomm.bench.collectives import COLLECTIVES, busbw_factor, resolve_ops
 from ringcomm.bench.report import (Cell, Row, Table, build_report, machine_facts,
                                    validate_report)
@@ -102,6 +103,39 @@ def test_cli_flags_parse_like_nccl_tests():
     assert (args.iters, args.warmup, args.op, args.root, args.check) == (7, 2, "max", 1, 0)
     assert args.dtype.name == "float16" and args.dtype.label == "half"
     assert args.ops == ["all_reduce", "broadcast"] and args.backends == ["gloo", "mpi"]
+
+
+def test_algo_given_several_times_makes_one_ringcomm_backend_each():
+    args = parse_args(["--backends", "gloo,ringcomm", "--algo", "ring", "--algo",
+                       "all_reduce:recursive_doubling,broadcast:tree", "--algo", "ring"])
+    assert _backend_instances(args.backends, args.algo) == [
+        ("gloo", None), ("ringcomm[ring]", "ring"),
+        ("ringcomm[all_reduce:recursive_doubling,broadcast:tree]",
+         "all_reduce:recursive_doubling,broadcast:tree")]
+    # One --algo (or none) keeps the plain name.
+    assert _backend_instances(["ringcomm"], ["oneshot"]) == [("ringcomm", "oneshot")]
+    assert _backend_instances(["ringcomm", "mpi"], None) == [("ringcomm", None), ("mpi", None)]
+
+
+def test_host_groups_from_every_ranks_transports():
+    # 2 hosts x 2 ranks, interleaved: ranks 0, 2 on one host, 1, 3 on the other.
+    rows = [["self", "tcp", "shm", "tcp"], ["tcp", "self", "tcp", "shm"],
+            ["shm", "tcp", "self", "tcp"], ["tcp", "shm", "tcp", "self"]]
+    assert same_host_groups(rows) == [[0, 2], [1, 3]]
+    assert format_host_groups(same_host_groups(rows)) == "0,2 | 1,3"
+    assert same_host_groups([["self", "tcp"], ["tcp", "self"]]) == [[0], [1]]
+    # Rank 2 believes rank 0 is remote, rank 0 does not: the groups overlap.
+    rows[2][0] = "tcp"
+    assert same_host_groups(rows) == [[0, 2], [1, 3], [2]]
+
+
+def test_machine_facts_tell_namespaces_apart_by_host_id(monkeypatch):
+    monkeypatch.setenv("RINGCOMM_HOST_ID", "host7")
+    facts = machine_facts()
+    assert facts["host_id"] == "host7" and facts["hostname"]
+    report = build_report(command=["x"], config={}, hosts=[facts, dict(facts, host_id="host8")],
+                          backends={}, skipped={}, rows=[], ops=[])
+    assert [h["host_id"] for h in report["hosts"]] == ["host7", "host8"]
 
 
 @pytest.mark.parametrize("argv", [["-b", "1X"], ["-b", "1M", "-e", "1K"], ["--ops", "nope"],
@@ -382,6 +416,27 @@ def test_entry_script_runs_the_same_sweep(tmp_path):
                  "--batch-ms", "0.2", "--timeout", "60", "--json", str(out_json)], tmp_path)
     report = _check_sweep(proc, out_json, ["all_reduce"], ["ringcomm", "gloo"])
     assert report["results"][0]["type"] == "bfloat16" and report["results"][0]["count"] == 512
+
+
+@pytest.mark.slow
+def test_several_ringcomm_algorithms_in_one_sweep(tmp_path):
+    out_json = tmp_path / "r.json"
+    proc = _run([sys.executable, "-m", "ringcomm.bench.cli", "-b", "8", "-e", "64K", "-f", "8192",
+                 "--ops", "all_reduce,broadcast", "-n", "2", "--budget", "0.01",
+                 "--batch-ms", "0.2", "--timeout", "60", "--backends", "ringcomm,gloo",
+                 "--algo", "ring", "--algo", "all_reduce:oneshot,broadcast:tree",
+                 "--no-memcpy", "--json", str(out_json)], tmp_path)
+    names = ["ringcomm[ring]", "ringcomm[all_reduce:oneshot,broadcast:tree]", "gloo"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out_json.read_text())
+    assert validate_report(report) == [] and list(report["backends"]) == names
+    for name, algo in zip(names[:2], ["ring", "all_reduce:oneshot,broadcast:tree"]):
+        assert report["backends"][name]["algo"] == algo
+        assert report["backends"][name]["hosts"] == "0,1"  # one host: shared memory
+    assert len(report["results"]) == 4 and report["wrong_total"] == 0
+    for row in report["results"]:
+        assert all(row["backends"][b]["wrong"] == 0 for b in names), row
+    assert report["config"]["hosts"] == 1 and len(report["config"]["rank_hosts"]) == 2
 
 
 @pytest.mark.slow

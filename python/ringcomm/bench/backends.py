@@ -16,7 +16,7 @@ store), and they all run over the same page-aligned buffers.
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 from ringcomm.bench.buffers import Buffers, DType
 from ringcomm.bench.collectives import Collective
@@ -66,7 +66,8 @@ class RingcommBackend(Backend):
 
     def __init__(self, rank: int, world_size: int, store, timeout_s: float,
                  transport: Optional[str], algo: Optional[str], buffers: str = "numpy",
-                 device: str = "cpu", local_rank: int = 0):
+                 device: str = "cpu", local_rank: int = 0, name: str = "ringcomm"):
+        self.name = name  # ringcomm[ALGO] when one run compares several algorithms
         try:
             import ringcomm
         except ImportError as e:
@@ -165,6 +166,24 @@ class RingcommBackend(Backend):
 
     def close(self):
         self.comm.close()
+
+
+def same_host_groups(transports: List[List[str]]) -> List[List[int]]:
+    """The ranks ringcomm put on one host, from every rank's `Communicator.transports`
+    (rank r's row: how r reaches each rank): r's group is itself and the peers it
+    reaches over shared memory. Groups in order of their lowest rank; a pair of ranks
+    that disagree shows up as groups that overlap."""
+    groups = []
+    for r, row in enumerate(transports):
+        group = sorted({r} | {q for q, how in enumerate(row) if how == "shm"})
+        if group not in groups:
+            groups.append(group)
+    return sorted(groups)
+
+
+def format_host_groups(groups: List[List[int]]) -> str:
+    """[[0, 2], [1, 3]] -> "0,2 | 1,3"."""
+    return " | ".join(",".join(map(str, g)) for g in groups)
 
 
 # --------------------------------------------------------------------------- torch

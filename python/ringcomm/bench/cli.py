@@ -19,7 +19,8 @@ from typing import Dict, List, Optional
 
 from ringcomm.bench import launch
 from ringcomm.bench.backends import (BACKEND_NAMES, Backend, BackendUnavailable, MpiBackend,
-                                     RingcommBackend, TorchBackend)
+                                     RingcommBackend, TorchBackend, format_host_groups,
+                                     same_host_groups)
 from ringcomm.bench.buffers import Buffer, Buffers, resolve_dtype
 from ringcomm.bench.check import REDOPS
 from ringcomm.bench.collectives import COLLECTIVES, resolve_ops
@@ -74,7 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--nproc", type=int, default=DEFAULTS["nproc"],
       help="local ranks to start when not under torchrun/mpirun (default %(default)s)")
     a("--transport", default=None, help="ringcomm transport (sets RINGCOMM_TRANSPORT): shm, tcp")
-    a("--algo", default=None, help="ringcomm algorithm (sets RINGCOMM_ALGO): ring, oneshot")
+    a("--algo", action="append", default=None,
+      help="ringcomm algorithm (sets RINGCOMM_ALGO before init): auto, ring, oneshot, "
+           "recursive_doubling, ..., or per op (all_reduce:rabenseifner,broadcast:tree). Given "
+           "more than once, one ringcomm backend per value, named ringcomm[VALUE], all taking "
+           "turns size by size in the same run")
     a("--ringcomm-device", choices=("cpu", "cuda"), default="cpu",
       help="where ringcomm's buffers live: cpu (shared memory / TCP) or cuda (the GPU path: NCCL, and "
            "ringcomm's ring over NCCL with RINGCOMM_GPU_ALGO=ring); rank r uses GPU local_rank %% count")
@@ -149,6 +154,20 @@ def _resolve_backends(spec: str) -> List[str]:
     return names
 
 
+def _backend_instances(backends: List[str], algos: Optional[List[str]]):
+    """(name, ringcomm algorithm) of each backend to create, in order: ringcomm once
+    per --algo (named ringcomm[ALGO] when there are several), the others once."""
+    out = []
+    for name in backends:
+        if name != "ringcomm":
+            out.append((name, None))
+        elif algos and len(algos) > 1:
+            out += [(f"ringcomm[{a}]", a) for a in dict.fromkeys(algos)]
+        else:
+            out.append((name, algos[0] if algos else None))
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -217,13 +236,13 @@ class Sweep:
         args, info = self.args, self.info
         backends: List[Backend] = []
         skipped: Dict[str, str] = {}
-        for name in args.backends:
+        for name, algo in _backend_instances(args.backends, args.algo):
             backend, reason = None, None
             try:
-                if name == "ringcomm":
+                if name.startswith("ringcomm"):
                     backend = RingcommBackend(info.rank, info.world_size, store, args.timeout,
-                                              args.transport, args.algo, args.ringcomm_buffers,
-                                              args.ringcomm_device, info.local_rank)
+                                              args.transport, algo, args.ringcomm_buffers,
+                                              args.ringcomm_device, info.local_rank, name)
                 elif name == "mpi":
                     backend = MpiBackend()
                 else:
@@ -292,12 +311,16 @@ class Sweep:
             if args.explain else None
         hosts = control.gather_objects(machine_facts(
             mpi.describe()["library"] if mpi is not None else None))
-        unique_hosts = list(dict.fromkeys(h["hostname"] for h in hosts))
+        unique_hosts = list(dict.fromkeys(h["host_id"] for h in hosts))
         params = TimingParams(iters=args.iters, warmup=args.warmup, min_iters=args.min_iters,
                               budget_s=args.budget, batch_s=args.batch_ms / 1e3,
                               check=bool(args.check))
         memcpy = None if args.no_memcpy else MemcpyReference(control, _max_buffer(args, n))
         descriptions = {b.name: b.describe() for b in backends}
+        for b in backends:
+            if isinstance(b, RingcommBackend):  # how ringcomm grouped the ranks (all call this)
+                descriptions[b.name]["hosts"] = format_host_groups(
+                    same_host_groups(control.gather_objects(b.comm.transports)))
         self.preamble(hosts, unique_hosts, descriptions, skipped)
         if not backends:
             self.warn("no backend could run; nothing to measure")
@@ -416,7 +439,8 @@ class Sweep:
                       f"--nnodes {os.environ.get('GROUP_WORLD_SIZE', '?')} " + command
         config = {
             "world_size": info.world_size, "launcher": info.launcher,
-            "hosts": len({h["hostname"] for h in hosts}),
+            "hosts": len({h["host_id"] for h in hosts}),
+            "rank_hosts": [h["host_id"] for h in hosts],
             "ops": args.ops, "backends": args.backends,
             "dtype": args.dtype.name, "redop": args.op, "root": args.root,
             "minbytes": args.minbytes, "maxbytes": args.maxbytes,

@@ -209,6 +209,7 @@ def machine_facts(mpi_library: Optional[str] = None) -> Dict[str, object]:
     torch = sys.modules.get("torch")
     return {
         "hostname": socket.gethostname(),
+        "host_id": _host_id(),
         "cpu_model": _cpu_model(),
         "cpu_cores": os.cpu_count(),
         "cpu_cores_usable": usable,
@@ -222,6 +223,16 @@ def machine_facts(mpi_library: Optional[str] = None) -> Dict[str, object]:
         "mpi_library": mpi_library,
         "cuda_devices": _cuda_devices(torch),
     }
+
+
+def _host_id() -> str:
+    """ringcomm's host identity (RINGCOMM_HOST_ID, else hostname + boot id): network
+    namespaces and containers share a hostname, and are told apart by it."""
+    try:
+        from ringcomm.bootstrap import host_identity
+    except ImportError:  # the core is not built: the bench still runs its other backends
+        return os.environ.get("RINGCOMM_HOST_ID") or socket.gethostname()
+    return host_identity()
 
 
 def _cuda_devices(torch) -> List[str]:
@@ -272,7 +283,7 @@ def build_report(*, command: List[str], config: Dict[str, object], hosts: List[D
                  backends: Dict[str, Dict], skipped: Dict[str, str],
                  rows: List[Row], ops: List[str]) -> Dict[str, object]:
     by_op = {op: [r for r in rows if r.op == op] for op in ops}
-    hosts = list({h.get("hostname"): h for h in hosts}.values())  # one entry per host
+    hosts = list({h.get("host_id", h.get("hostname")): h for h in hosts}.values())  # one per host
     names = [b for b in backends]
     return {
         "schema": SCHEMA,
