@@ -1,22 +1,30 @@
 // Measuring the cost model's parameters when a communicator is made
-// (Communicator::calibrate), over the communicator's own send/recv, so that
+// (Communicator::measure_links), over the communicator's own send/recv, so that
 // alpha includes what a schedule step really pays (headers, the executor's
 // wake-ups, the TCP I/O thread).
 //
-// Two pairs measure, everybody else only waits for the result:
+// Two pairs measure (python/ringcomm/cost_model.py agree() picks them: ring
+// neighbours, so no connection is opened for it), everybody else returns at
+// once:
 //   intra: the two lowest ranks of the first host with two ranks or more;
-//   inter: rank 0 and the lowest rank of the first other host.
+//   inter: the last rank of the first host and the first of the second.
 // Each pair runs, after a warm-up (which also sets up the link):
 //   ping-pong of 8 bytes, 3 rounds of 8 round trips: alpha = best round / 16;
 //   8 back-to-back 8-byte sends, one reply: overhead = (t - 2 alpha) / 7;
 //   1 MiB one way, 8 bytes back, best of 3: beta = (t - 2 alpha) / 1 MiB.
-// Rank 0 also times its reduction kernel (float32 sum, 4 MiB, best of 3):
-// gamma. The intra pair sends its figures to rank 0, which broadcasts all
-// of them: every rank ends with the same parameters, so all pick alike.
-// On the slowest link here (1 Gbit/s shaped veth) this takes ~30 ms.
+// One rank also times its reduction kernel (float32 sum, 4 MiB, best of 3):
+// gamma. The measuring ranks publish their figures through the store and
+// every rank reads the same records (agree()): all pick alike, and no
+// collective call is spent on it. On the slowest link here (1 Gbit/s
+// shaped veth) this takes ~30 ms.
+//
+// Call numbers seen by users (errors, diagnostics, the torch backend) start
+// after the calibration: its send/recv are numbered like any (their
+// messages must match), then the pair's numbering restarts.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -42,36 +50,13 @@ constexpr size_t kBandwidthBytes = 1 << 20;
 
 }  // namespace
 
-CostParams Communicator::calibrate(bool measure, const std::vector<double>& given) {
-  CostParams p = default_cost_params();
-  if (world_ == 1) {
-    set_cost_params(p);
-    return p;
-  }
-  // Call numbers seen by users (errors, diagnostics, the torch backend) start
-  // after the calibration: it is numbered like any call (its messages must
-  // match), then the numbering restarts on every rank at the same point.
-  // [intra alpha, beta, overhead, inter alpha, beta, overhead, gamma, how]
-  // how: 0 defaults, 1 measured, 2 given (rank 0's file)
-  std::vector<double> v = {p.intra.alpha, p.intra.beta, p.intra.overhead, p.inter.alpha,
-                           p.inter.beta,  p.inter.overhead, p.gamma,    0};
-  if (rank_ == 0 && given.size() == 7) {
-    std::copy(given.begin(), given.end(), v.begin());
-    v[7] = 2;
-  }
-  int intra_a = -1, intra_b = -1, inter_b = -1;
-  for (const auto& m : topo_.members) {
-    if (m.size() >= 2) {
-      intra_a = m[0];
-      intra_b = m[1];
-      break;
-    }
-  }
-  if (topo_.hosts > 1) inter_b = topo_.members[1][0];
+std::vector<double> Communicator::measure_links(int intra_a, int intra_b, int inter_a, int inter_b, int gamma_rank) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> v(7, nan);
   std::vector<char> tiny(8), big(kBandwidthBytes);
   // One pair's figures: alpha, beta, overhead (measured by `a`, peer `b` echoes).
   auto measure_pair = [&](int a, int b, double* out) {
-    if (rank_ != a && rank_ != b) return;
+    if (a < 0 || b < 0 || a == b || (rank_ != a && rank_ != b)) return;
     const bool me = rank_ == a;
     const int peer = me ? b : a;
     Buffer t = bytes_of(tiny), g = bytes_of(big);
@@ -84,7 +69,7 @@ CostParams Communicator::calibrate(bool measure, const std::vector<double>& give
         send(t, peer, false);
       }
     };
-    for (int i = 0; i < 2; ++i) ping();  // warm-up
+    for (int i = 0; i < 2; ++i) ping();  // warm-up (and, over TCP, the connection)
     double alpha = 1e9;
     for (int round = 0; round < 3; ++round) {
       const double t0 = now();
@@ -121,45 +106,21 @@ CostParams Communicator::calibrate(bool measure, const std::vector<double>& give
       out[2] = overhead;
     }
   };
-  if (measure && v[7] == 0) {
-    if (intra_a >= 0) measure_pair(intra_a, intra_b, v.data());
-    if (inter_b >= 0) measure_pair(0, inter_b, v.data() + 3);
-    if (intra_a > 0) {  // the intra pair's figures go to rank 0
-      std::vector<char> fig(3 * sizeof(double));
-      if (rank_ == intra_a) {
-        std::memcpy(fig.data(), v.data(), fig.size());
-        send(bytes_of(fig), 0, false);
-      } else if (rank_ == 0) {
-        recv(bytes_of(fig), intra_a, false);
-        std::memcpy(v.data(), fig.data(), fig.size());
-      }
+  measure_pair(intra_a, intra_b, v.data());
+  measure_pair(inter_a, inter_b, v.data() + 3);
+  if (rank_ == gamma_rank) {
+    std::vector<float> a(1 << 20, 1.0f), b(1 << 20, 2.0f);  // 4 MiB: out of cache, as buffers are
+    const Reducer red = make_reducer(DataType::kFloat32, ReduceOp::kSum);
+    double best = 1e9;
+    for (int i = 0; i < 3; ++i) {
+      const double t0 = now();
+      red.fn(a.data(), a.data(), b.data(), a.size());
+      best = std::min(best, now() - t0);
     }
-    if (rank_ == 0) {
-      std::vector<float> a(1 << 20, 1.0f), b(1 << 20, 2.0f);  // 4 MiB: out of cache, as buffers are
-      const Reducer red = make_reducer(DataType::kFloat32, ReduceOp::kSum);
-      double best = 1e9;
-      for (int i = 0; i < 3; ++i) {
-        const double t0 = now();
-        red.fn(a.data(), a.data(), b.data(), a.size());
-        best = std::min(best, now() - t0);
-      }
-      v[6] = best / (a.size() * sizeof(float));
-      v[7] = 1;
-    }
+    v[6] = best / (a.size() * sizeof(float));
   }
-  Buffer all;
-  all.ptr = reinterpret_cast<char*>(v.data());
-  all.count = v.size();
-  all.dtype = DataType::kFloat64;
-  all.present = true;
-  broadcast(all, 0, false);
-  p.intra = {v[0], v[1], v[2]};
-  p.inter = {v[3], v[4], v[5]};
-  p.gamma = v[6];
   restart_numbering();
-  p.source = v[7] == 1 ? "measured" : v[7] == 2 ? "file (rank 0's RINGCOMM_COST_MODEL)" : "default";
-  set_cost_params(p);
-  return p;
+  return v;
 }
 
 }  // namespace ringcomm

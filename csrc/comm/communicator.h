@@ -103,13 +103,13 @@ class Communicator {
   // it. Set with the ring order, before the first call.
   void set_topology(const std::vector<int>& host_labels);
   const Topology& topology() const { return topo_; }
-  // The cost model's parameters, the same on every rank (comm/calibrate.cpp).
-  // A collective call of every rank: rank 0's `given` parameters (a
-  // calibration file), or, when `measure`, what rank 0 and its peers
-  // measure now (bounded: ~50 ms), or the defaults; rank 0 then broadcasts
-  // them. Returns them.
-  CostParams calibrate(bool measure, const std::vector<double>& given);
-  // Parameters agreed elsewhere (a split's parent): no communication.
+  // Calibration (comm/calibrate.cpp), a call of every rank: the pair
+  // intra_a/intra_b measures the intra-host link, inter_a/inter_b the
+  // inter-host one (-1: none), gamma_rank times its reduction; returns
+  // [intra alpha, beta, overhead, inter alpha, beta, overhead, gamma] with
+  // NaN for what this rank did not measure (a's figures, not b's).
+  std::vector<double> measure_links(int intra_a, int intra_b, int inter_a, int inter_b, int gamma_rank);
+  // Parameters every rank agreed on (python/ringcomm/cost_model.py agree()).
   void set_cost_params(const CostParams& p);
   const CostModel& cost_model() const { return model_; }
   // Every candidate for a call of `kind` moving `nbytes` (the size

@@ -65,10 +65,10 @@ class Communicator:
             raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
         native = _C.Communicator(rank, world_size, config)
         mode = config.cost_model if config.cost_model in ("measure", "default") else "file"
-        given, given_error = [], None
+        given, given_error = None, None
         if cost_params is None and mode == "file" and rank == 0:
             try:
-                given = cost_model.as_vector(cost_model.load(config.cost_model))
+                given = cost_model.load(config.cost_model)
             except ValueError as e:
                 given_error = str(e)[:1000]
         known_segments = []  # local peers' segment names: removed by survivors if init fails
@@ -145,7 +145,8 @@ class Communicator:
             if cost_params is not None:
                 native.set_cost_params(cost_params)
             else:
-                native.calibrate(mode == "measure", given)
+                cost_model.agree(native, store, f"{prefix}/cost", rank, world_size, mode, given,
+                                 self.host_labels(infos), config.timeout_s)
             self._tune_waiting(native, info, infos, config, any(tcp))
         except BaseException:
             # A peer that died during init cannot unlink its own segment.
@@ -469,6 +470,13 @@ class Communicator:
     def cost_params(self):
         """The cost model's parameters (the same on every rank) and where they came from."""
         return self._c().cost_params()
+
+    def recalibrate(self):
+        """Measures the cost model's parameters again (a call of every rank, as
+        at init) and uses them; returns them."""
+        self._calibrations = getattr(self, "_calibrations", 0) + 1
+        return cost_model.agree(self._c(), self._store, f"{self._prefix}/cost/again{self._calibrations}", self.rank,
+                                self.world_size, "measure", None, self.host_of(), self._config.timeout_s)
 
     def host_of(self):
         """Each rank's host, numbered 0.. in the order of its lowest rank."""

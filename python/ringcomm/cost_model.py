@@ -83,13 +83,6 @@ def save(path, params, **meta):
     os.replace(tmp, path)
 
 
-def as_vector(params):
-    """The order the native calibrate() takes them in."""
-    p = check_params(params)
-    return [p["intra"]["alpha"], p["intra"]["beta"], p["intra"]["overhead"],
-            p["inter"]["alpha"], p["inter"]["beta"], p["inter"]["overhead"], p["gamma"]]
-
-
 def default_params():
     return _C.default_cost_params()
 
@@ -107,3 +100,63 @@ def model(hosts, ranks_per_host=None, params=None, *, slot_bytes=128 * 1024, one
         labels = [int(h) for h in hosts]
     p = check_params(params) if params is not None else default_params()
     return _C.CostModel(labels, p, slot_bytes, oneshot_max_bytes, check_agreement)
+
+
+def measuring_pairs(host_labels):
+    """Who measures: (intra_a, intra_b, inter_a, inter_b), -1 where there is no
+    such pair. Both pairs are neighbours in the host-contiguous ring (the
+    connections they use exist anyway): the two lowest ranks of the first
+    host with two ranks, and the last rank of the first host with the first
+    of the second."""
+    hosts = {}
+    for r, h in enumerate(host_labels):
+        hosts.setdefault(h, []).append(r)
+    members = list(hosts.values())
+    intra = next(((m[0], m[1]) for m in members if len(m) >= 2), (-1, -1))
+    inter = (members[0][-1], members[1][0]) if len(members) > 1 else (-1, -1)
+    return intra + inter
+
+
+_FIGURES = ("alpha", "beta", "overhead")
+
+
+def agree(native, store, prefix, rank, world_size, mode, given, host_labels, timeout_s, alive=None):
+    """The parameters every rank of a new communicator uses, the same on all:
+    "default" the built-in ones; "file" rank 0's `given` (published through
+    the store); "measure" what the measuring ranks find now (measure_links),
+    published through the store by them and read by every rank. Sets them
+    on `native` and returns them."""
+    from ringcomm import bootstrap
+
+    params = default_params()
+    if world_size == 1 or mode == "default":
+        native.set_cost_params(params)
+        return native.cost_params()
+    ia, ib, ea, eb = measuring_pairs(host_labels)
+    mine = {}
+    if mode == "file":
+        if rank == 0:
+            mine["params"] = given
+        members = [0]
+    else:
+        figs = native.measure_links(ia, ib, ea, eb, 0)
+        if rank == ia:
+            mine["intra"] = dict(zip(_FIGURES, figs[0:3]))
+        if rank == ea:
+            mine["inter"] = dict(zip(_FIGURES, figs[3:6]))
+        if rank == 0:
+            mine["gamma"] = figs[6]
+        members = sorted({0, *(r for r in (ia, ea) if r >= 0)})
+    got = bootstrap.exchange(store, prefix, rank, world_size, mine, timeout_s, alive=alive, members=members)
+    if mode == "file":
+        params = got[0].get("params")
+        params = {**check_params(params, "rank 0's cost model parameters in the store"),
+                  "source": "file (rank 0's RINGCOMM_COST_MODEL)"}
+    else:
+        for link, who in (("intra", ia), ("inter", ea)):
+            if who >= 0:
+                params[link] = got[who].get(link)
+        params["gamma"] = got[0].get("gamma")
+        params = {**check_params(params, "the measured cost model parameters in the store"), "source": "measured"}
+    native.set_cost_params(params)
+    return native.cost_params()

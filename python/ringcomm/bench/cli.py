@@ -273,7 +273,7 @@ class Sweep:
         if ring is None:
             self.warn("--calibrate needs the ringcomm backend, which could not start")
             return 1
-        runs = [ring.comm._c().calibrate(True, []) for _ in range(self.args.calibrate_runs)]
+        runs = [ring.comm.recalibrate() for _ in range(self.args.calibrate_runs)]
 
         def median(xs):
             xs = sorted(xs)
