@@ -252,3 +252,31 @@ def test_a_read_of_a_buffer_its_owner_no_longer_keeps_is_reported():
     res = _check("broadcast", "pull", 3, 10, root=0, after=(-1, 2, -1))
     assert res["error"] == ("rank 1 step 1 (pull of 40 bytes from rank 0): reads rank 0's buffer after rank 0 has "
                             "finished the call (nothing makes it wait for this read)"), res["error"]
+
+
+# Host placements for the hierarchical all-reduce: even, uneven, interleaved, one
+# rank per host, one host.
+HOST_LAYOUTS = [[0, 0, 1, 1], [0, 1, 0, 1, 0], [0, 1, 1, 2, 2, 2], [0, 1, 2], [0, 0, 0],
+                [0, 0, 0, 1, 1, 1, 2, 2], [r % 4 for r in range(16)], [0] * 5 + [1] * 2 + [2] * 9]
+
+
+@pytest.mark.parametrize("executor", ["cpu", "device"])
+def test_hierarchical_plans_are_sound(executor):
+    for hosts in HOST_LAYOUTS:
+        world = len(hosts)
+        for count in _counts(world):
+            for avg in (False, True):
+                for nslots in ((2, NSLOTS) if executor == "cpu" else (NSLOTS,)):
+                    what = f"hierarchical {executor} hosts={hosts} count={count} avg={avg} nslots={nslots}"
+                    res = _check("all_reduce", "hierarchical", world, count, avg=avg, hosts=hosts, nslots=nslots,
+                                 executor=executor, chunk_bytes=64)
+                    _sound(res, what)
+                    assert res["family"] == "hierarchical", what  # (one host: its ring, so tagged)
+
+
+def test_a_broken_hierarchical_plan_is_reported():
+    # Rank 2 (host 1's first rank) loses one step of its inter-host ring.
+    res = _check("all_reduce", "hierarchical", 4, 1000, hosts=[0, 0, 1, 1], drop=(2, 3))
+    assert res["error"] != ""
+    with pytest.raises(ValueError, match="host labels"):
+        _check("all_reduce", "hierarchical", 4, 10, hosts=[0, 1])

@@ -55,7 +55,8 @@ void bind_plan_check(py::module_& m) {
          bool avg, std::optional<std::vector<int>> ring, bool agreement, size_t slot_bytes, int nslots,
          size_t slice_elems, const std::string& executor, size_t chunk_bytes,
          std::optional<std::tuple<int, size_t>> drop, std::optional<std::tuple<int, size_t, size_t>> swap,
-         std::optional<std::tuple<int, size_t, size_t>> resize, std::optional<std::tuple<int, size_t, long>> after) {
+         std::optional<std::tuple<int, size_t, size_t>> resize, std::optional<std::tuple<int, size_t, long>> after,
+         std::optional<std::vector<int>> hosts) {
         PlanCheckCall c;
         c.kind = op_of(op);
         // "op:name" makes the parser refuse a name the op has no schedule of.
@@ -66,6 +67,7 @@ void bind_plan_check(py::module_& m) {
         c.root = root;
         c.avg = avg;
         if (ring) c.ring = *ring;
+        if (hosts) c.hosts = *hosts;
         c.agreement = agreement;
         c.slot_bytes = slot_bytes;
         c.nslots = nslots;
@@ -114,7 +116,7 @@ void bind_plan_check(py::module_& m) {
       py::arg("root") = -1, py::arg("avg") = false, py::arg("ring") = py::none(), py::arg("agreement") = false,
       py::arg("slot_bytes") = 128 * 1024, py::arg("nslots") = 16, py::arg("slice_elems") = 0,
       py::arg("executor") = "cpu", py::arg("chunk_bytes") = 128 * 1024, py::arg("drop") = py::none(),
-      py::arg("swap") = py::none(), py::arg("resize") = py::none(), py::arg("after") = py::none(),
+      py::arg("swap") = py::none(), py::arg("resize") = py::none(), py::arg("after") = py::none(), py::arg("hosts") = py::none(),
       "Checks the schedules of one call on every rank (comm/plan_check.h): returns a dict with 'error' (empty "
       "when the plan is sound), 'family', 'steps', 'messages' and 'passes'. drop=(rank, i), swap=(rank, i, j), "
       "resize=(rank, i, nbytes) and after=(rank, i, j) break the plan on purpose. A test hook, not public API.");

@@ -170,6 +170,10 @@ void validate(const PlanCheckCall& c) {
     }
     if (!ok) throw ValueError("check_plan: the ring order is not a permutation of the world's ranks");
   }
+  if (!c.hosts.empty() && static_cast<int>(c.hosts.size()) != c.world) {
+    throw ValueError("check_plan: " + std::to_string(c.hosts.size()) + " host labels for a world of " +
+                     std::to_string(c.world));
+  }
   if (c.device && c.algo == Algo::kPull) throw ValueError("check_plan: the device executor runs no pull schedules");
 }
 
@@ -180,6 +184,7 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
   buffer_bytes(c, &in_bytes, &out_bytes);
   const size_t slice = c.slice_elems ? c.slice_elems : ring_slice_elems(c.slot_bytes, c.nslots, c.elem);
   std::vector<RankPlan> plans(n);
+  const Topology topo = Topology::from_hosts(c.hosts.empty() ? std::vector<int>(n, 0) : c.hosts);
   for (int r = 0; r < n; ++r) {
     RankPlan& p = plans[r];
     p.addrs.assign(n, kNoAddress);
@@ -203,6 +208,7 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
     p.tag.seq = 1;
     p.tag.count = c.count;
     PlanContext ctx{r, n, c.elem, slice, &p.tag, &p.steps, p.addrs.data()};
+    ctx.topo = &topo;
     if (!c.ring.empty()) {
       ctx.ring = c.ring.data();
       ctx.ring_pos = static_cast<int>(std::find(c.ring.begin(), c.ring.end(), r) - c.ring.begin());

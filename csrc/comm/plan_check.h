@@ -46,6 +46,7 @@ struct PlanCheckCall {
   int root = -1;
   bool avg = false;
   std::vector<int> ring;   // the ring's order (position -> rank); empty: rank order
+  std::vector<int> hosts;  // each rank's host label (hierarchical schedules); empty: one host
   bool agreement = false;  // rooted calls: the header exchange Communicator::plan puts first
   size_t slot_bytes = 128 * 1024;
   int nslots = 16;
