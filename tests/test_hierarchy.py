@@ -31,8 +31,10 @@ def _run(labels, env, hard_timeout=240, **kwargs):
     (0, 1, 1, 2, 2, 2),     # 1 + 2 + 3 ranks
     (0, 1, 2),              # one rank per host: the inter-host ring alone
 ], ids=["2x2", "interleaved-3+2", "1+2+3", "3x1"])
-def test_hierarchical_all_reduce(labels):
-    _run(labels, {"RINGCOMM_ALGO": "all_reduce:hierarchical"}, prims=("all_reduce",),
+def test_hierarchical_schedules(labels):
+    """all_reduce, and the trees of trees of broadcast and reduce (every root: the
+    matrix rotates them)."""
+    _run(labels, {"RINGCOMM_ALGO": "hierarchical"}, prims=("all_reduce", "broadcast", "reduce"),
          counts=(0, 1, 2, 7, 1000, 65537), tag=f"hierarchical {labels} ")
 
 

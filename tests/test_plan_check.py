@@ -261,17 +261,20 @@ HOST_LAYOUTS = [[0, 0, 1, 1], [0, 1, 0, 1, 0], [0, 1, 1, 2, 2, 2], [0, 1, 2], [0
 
 
 @pytest.mark.parametrize("executor", ["cpu", "device"])
-def test_hierarchical_plans_are_sound(executor):
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "reduce"])
+def test_hierarchical_plans_are_sound(executor, op):
     for hosts in HOST_LAYOUTS:
         world = len(hosts)
         for count in _counts(world):
-            for avg in (False, True):
-                for nslots in ((2, NSLOTS) if executor == "cpu" else (NSLOTS,)):
-                    what = f"hierarchical {executor} hosts={hosts} count={count} avg={avg} nslots={nslots}"
-                    res = _check("all_reduce", "hierarchical", world, count, avg=avg, hosts=hosts, nslots=nslots,
-                                 executor=executor, chunk_bytes=64)
-                    _sound(res, what)
-                    assert res["family"] == "hierarchical", what  # (one host: its ring, so tagged)
+            for avg in (False, True) if op != "broadcast" else (False,):
+                for root in _roots(op, world):
+                    for nslots in ((2, NSLOTS) if executor == "cpu" else (NSLOTS,)):
+                        what = (f"hierarchical {op} {executor} hosts={hosts} count={count} avg={avg} "
+                                f"root={root} nslots={nslots}")
+                        res = _check(op, "hierarchical", world, count, avg=avg, root=root, hosts=hosts,
+                                     nslots=nslots, executor=executor, chunk_bytes=64, agreement=op in ROOTED)
+                        _sound(res, what)
+                        assert res["family"] == "hierarchical", what  # (one host: its ring/tree, so tagged)
 
 
 def test_a_broken_hierarchical_plan_is_reported():

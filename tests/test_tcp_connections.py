@@ -2,7 +2,8 @@
 connector.h): with TCP forced between all ranks, a communicator connects only its
 ring neighbours at init, a ring all_reduce uses no other, recursive doubling adds
 its log2 partners, and only all_to_all (everyone talks to everyone) makes the full
-mesh (and so do rooted calls and barrier, whose agreement check is all pairs);
+mesh (and so do rooted calls, whose agreement check is all pairs; a barrier
+adds the dissemination partners r + 2^k);
 each pair of ranks has at most one connection whoever dialled. A peer killed
 before any connection to it exists is still reported, naming it, on every rank.
 
@@ -134,6 +135,12 @@ def _connection_phases(comm):
         _sync(ctx, "ring-" + prim)
         snaps["ring " + prim] = _links(r, ring_infos)
         _sync(ctx, "ring-" + prim + "-seen")
+    # A barrier is the dissemination barrier: partners r + 1, r + 2, r + 4.
+    for _ in range(3):
+        ring.barrier()
+    _sync(ctx, "ring-barrier")
+    snaps["ring barrier"] = _links(r, ring_infos)
+    _sync(ctx, "ring-barrier-seen")
     # A chain broadcast and reduce use the ring too, but rooted calls first
     # check that every rank agrees on the call with every other
     # (Communicator::push_agreement, all pairs): that connects the full mesh.
@@ -209,8 +216,9 @@ def test_connections_follow_the_schedules(world_size):
     ring = _ring_edges(ws)
     doubling = {frozenset((r, r ^ m)) for r in range(ws) for m in (1, 2, 4)}
     mesh = {frozenset((a, b)) for a in range(ws) for b in range(a)}
+    dissemination = {frozenset((r, (r + d) % ws)) for r in range(ws) for d in (1, 2, 4)}
     want = {"ring init": ring, "ring all_reduce": ring, "ring all_gather": ring, "ring reduce_scatter": ring,
-            "ring run": mesh, "rd init": ring, "rd run": ring | doubling,
+            "ring barrier": ring | dissemination, "ring run": mesh, "rd init": ring, "rd run": ring | doubling,
             "all_to_all run": mesh}
     fails = []
     for phase, expect in want.items():

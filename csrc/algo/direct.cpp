@@ -75,6 +75,20 @@ void all_pairs_barrier(const PlanContext& c) {
   for (int i = 1; i < n; ++i) push_recv(c, mod(r - i, n), nullptr, 0);
 }
 
+// The dissemination barrier (Hensgen, Finkel and Manber 1988): in round k
+// every rank sends to r + 2^k and receives from r - 2^k, and starts round
+// k+1 only then (a fence), so after ceil(log2 n) rounds each rank has
+// heard, through some chain, that every rank arrived. log2 n peers a rank,
+// not n-1: a barrier opens no full mesh of connections.
+void dissemination_barrier(const PlanContext& c) {
+  const int n = c.world, r = c.rank;
+  for (int d = 1; d < n; d *= 2) {
+    push_send(c, mod(r + d, n), nullptr, 0);
+    push_recv(c, mod(r - d, n), nullptr, 0);
+    push_fence(c);
+  }
+}
+
 void p2p_send(const PlanContext& c, int peer, const char* buf, size_t nbytes) {
   push_send(c, peer, buf, nbytes);
 }

@@ -58,4 +58,71 @@ void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool
   ring_all_gather_blocks(intra, buf, blocks.data(), max_block);
 }
 
+namespace {
+
+// The two levels of the trees: this rank's host group (its leader: the root
+// on the root's host, the lowest rank elsewhere, at group index 0 or the
+// root's own index) and the leaders' group, one rank per host.
+struct Levels {
+  PlanContext intra, cross;
+  int intra_root = 0, cross_root = 0;
+  bool leader = false;
+  std::vector<int> leaders;
+};
+
+void levels_of(const PlanContext& c, int root, Levels* lv) {
+  const Topology& t = *c.topo;
+  const int h = t.host_of[c.rank], root_host = t.host_of[root];
+  lv->leaders.resize(t.hosts);
+  for (int g = 0; g < t.hosts; ++g) lv->leaders[g] = g == root_host ? root : t.members[g][0];
+  lv->leader = lv->leaders[h] == c.rank;
+  lv->intra = c;
+  lv->intra.rank = t.local_index[c.rank];
+  lv->intra.world = t.local_count(h);
+  lv->intra.members = t.members[h].data();
+  lv->intra.ring = nullptr;
+  lv->intra.ring_pos = 0;
+  lv->intra.topo = nullptr;
+  lv->intra_root = t.local_index[lv->leaders[h]];
+  lv->cross = lv->intra;
+  lv->cross.rank = h;
+  lv->cross.world = t.hosts;
+  lv->cross.members = lv->leaders.data();
+  lv->cross_root = root_host;
+}
+
+bool one_host(const PlanContext& c) { return c.topo == nullptr || c.topo->hosts == 1 || c.topo->world() != c.world; }
+
+}  // namespace
+
+void hierarchical_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
+  if (one_host(c)) {
+    tree_broadcast(c, root, buf, nbytes);
+    return;
+  }
+  Levels lv;
+  levels_of(c, root, &lv);
+  if (lv.leader) tree_broadcast(lv.cross, lv.cross_root, buf, nbytes);
+  push_fence(c);
+  tree_broadcast(lv.intra, lv.intra_root, buf, nbytes);
+}
+
+void hierarchical_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg) {
+  if (one_host(c)) {
+    tree_reduce(c, root, buf, count, scratch, avg);
+    return;
+  }
+  Levels lv;
+  levels_of(c, root, &lv);
+  // Inside the host first (no division: AVG divides once, at the root),
+  // into the leader's scratch (a rank that is not the root keeps its buf
+  // as it was); then among the leaders, into the root's buf.
+  const size_t bytes = count * c.elem;
+  char* partial = scratch + 2 * bytes;
+  const bool root_here = c.rank == root;
+  tree_reduce_from(lv.intra, lv.intra_root, buf, root_here ? buf : partial, count, scratch, false);
+  push_fence(c);
+  if (lv.leader) tree_reduce_from(lv.cross, lv.cross_root, root_here ? buf : partial, buf, count, scratch, avg);
+}
+
 }  // namespace ringcomm

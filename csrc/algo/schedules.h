@@ -72,6 +72,11 @@ void ring_all_gather_blocks(const PlanContext& c, char* buf, const Range* blocks
 // reduce-scatter, inter-host ring all-reduce among the ranks of equal local
 // index (all at once), intra-host all-gather; any ranks per host.
 void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
+// Trees of trees: a binomial tree among one rank per host (the root on its
+// host, the lowest rank on the others), then one inside every host; the
+// reduce runs the other way. The reduce's `scratch` holds 3 * count elements.
+void hierarchical_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
+void hierarchical_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg);
 
 // One shot (latency optimal for small messages): every rank receives every
 // input and reduces them itself in rank order, so all ranks get the same bits.
@@ -92,6 +97,9 @@ void bruck_all_gather(const PlanContext& c, const char* in, char* out, size_t co
 // `scratch` holds 2 * count elements.
 void tree_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
 void tree_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg);
+// The same from `in`, the root's result to `out` (only the root writes it).
+void tree_reduce_from(const PlanContext& c, int root, const char* in, char* out, size_t count, char* scratch,
+                      bool avg);
 
 // Chains along the ring starting at the root (pipelined through the FIFOs).
 void chain_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
@@ -102,6 +110,7 @@ void direct_scatter(const PlanContext& c, int root, const char* in, char* out, s
 void direct_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
 void pairwise_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes_per_rank);
 void all_pairs_barrier(const PlanContext& c);
+void dissemination_barrier(const PlanContext& c);
 
 // Pull (single copy: peers read each other's buffers, see algo/pull.cpp).
 void pull_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);

@@ -45,30 +45,31 @@ void tree_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
 }
 
 void tree_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg) {
+  tree_reduce_from(c, root, buf, buf, count, scratch, avg);
+}
+
+void tree_reduce_from(const PlanContext& c, int root, const char* in, char* out, size_t count, char* scratch,
+                      bool avg) {
   const int n = c.world;
-  if (n == 1) return;
   const size_t bytes = count * c.elem;
   const int v = mod(c.rank - root, n);
+  if (n == 1) {
+    push_copy(c, in, out, bytes);
+    return;
+  }
   const int top = lowest_bit_at_least(v, n);
-  // scratch: [accumulator | one child's buffer]; the root's last fold goes to buf.
+  // scratch: [accumulator | one child's buffer]; the root's last fold goes to out.
   char* acc = scratch;
   char* child = scratch + bytes;
   std::vector<int> kids;
   for (int m = 1; m < top; m <<= 1) {
     if (v + m < n) kids.push_back(v + m);
   }
-  const char* sum = buf;  // what has been folded so far
+  const char* sum = in;  // what has been folded so far
   for (size_t i = 0; i < kids.size(); ++i) {
     push_recv(c, mod(kids[i] + root, n), child, bytes);
     const bool last = i + 1 == kids.size();
-    Step s = make_step(StepKind::kLocalReduce, c);
-    s.dst = (v == 0 && last) ? buf : acc;
-    s.src = sum;
-    s.src2 = child;
-    s.nbytes = bytes;
-    s.divide = avg && v == 0 && last;
-    push_step(c, s);
-    sum = s.dst;
+    sum = c.out->at(push_reduce(c, (v == 0 && last) ? out : acc, sum, child, bytes, avg && v == 0 && last)).dst;
   }
   if (v != 0) push_send(c, mod(v - top + root, n), sum, bytes);
 }

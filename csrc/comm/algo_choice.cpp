@@ -46,8 +46,9 @@ bool algo_has(OpKind k, Algo a) {
     case Algo::kOneShot:
     case Algo::kRecursiveDoubling:
     case Algo::kRabenseifner:
-    case Algo::kHierarchical:
       return k == OpKind::kAllReduce;
+    case Algo::kHierarchical:
+      return k == OpKind::kAllReduce || k == OpKind::kBroadcast || k == OpKind::kReduce;
     case Algo::kDirect:
       return k == OpKind::kScatter || k == OpKind::kGather || k == OpKind::kAllToAll || k == OpKind::kBarrier;
     case Algo::kTree:

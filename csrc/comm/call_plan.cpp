@@ -11,6 +11,7 @@ size_t scratch_bytes(const CallPlan& d, size_t elem, int world) {
     case Algo::kRecursiveDoubling:
     case Algo::kRabenseifner: return d.kind == OpKind::kAllReduce ? bytes : 0;
     case Algo::kTree: return d.kind == OpKind::kReduce ? 2 * bytes : 0;
+    case Algo::kHierarchical: return d.kind == OpKind::kReduce ? 3 * bytes : 0;
     default: return 0;
   }
 }
@@ -63,6 +64,10 @@ ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
         tree_broadcast(c, d.root, d.out, bytes);
         return kFamilyTree;
       }
+      if (d.algo == Algo::kHierarchical) {
+        hierarchical_broadcast(c, d.root, d.out, bytes);
+        return kFamilyHierarchical;
+      }
       if (pull) {
         pull_broadcast(c, d.root, d.out, bytes);
       } else {
@@ -73,6 +78,10 @@ ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
       if (d.algo == Algo::kTree) {
         tree_reduce(c, d.root, d.out, d.count, d.scratch, d.avg);
         return kFamilyTree;
+      }
+      if (d.algo == Algo::kHierarchical) {
+        hierarchical_reduce(c, d.root, d.out, d.count, d.scratch, d.avg);
+        return kFamilyHierarchical;
       }
       if (pull) {
         pull_reduce_to_root(c, d.root, d.out, d.count, d.avg);

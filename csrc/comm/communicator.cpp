@@ -678,7 +678,7 @@ void Communicator::plan(Call& c) {
     if (c.kind == OpKind::kSend) {
       plan_p2p(c, ctx);
     } else {
-      all_pairs_barrier(ctx);
+      dissemination_barrier(ctx);
     }
     return;
   }

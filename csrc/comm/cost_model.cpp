@@ -226,6 +226,20 @@ void CostModel::build() {
     r.cost.a += agreement;
     add(OpKind::kBroadcast, Algo::kTree, b.cost);
     add(OpKind::kReduce, Algo::kTree, r.cost);
+    // Trees of trees: ceil(log2 hosts) inter-host levels, then ceil(log2
+    // max_local) intra-host ones.
+    if (topo_.hosts > 1 && topo_.max_local > 1) {
+      auto levels = [](int k) {
+        int l = 0;
+        while ((1 << l) < k) ++l;
+        return l;
+      };
+      const double li = levels(topo_.max_local), le = levels(topo_.hosts);
+      Affine hb{li * p.intra.alpha + le * p.inter.alpha + agreement, li * p.intra.beta + le * p.inter.beta};
+      Affine hr{hb.a, hb.b + (li + le) * p.gamma};
+      add(OpKind::kBroadcast, Algo::kHierarchical, hb);
+      add(OpKind::kReduce, Algo::kHierarchical, hr);
+    }
   }
   // Chains along the ring from the root, pipelined in slots: n-1 hops of
   // latency, the message once at the slowest link's rate, and n-2 slots of
@@ -248,7 +262,10 @@ void CostModel::build() {
     add(OpKind::kScatter, Algo::kDirect, rooted);
     add(OpKind::kGather, Algo::kDirect, rooted);
     add(OpKind::kAllToAll, Algo::kDirect, {all_pairs_a, all_pairs_b(1 / dn)});
-    add(OpKind::kBarrier, Algo::kDirect, {all_pairs_a, 0});
+    // The dissemination barrier: ceil(log2 n) rounds of one message.
+    Tally bar{p, {}};
+    for (int d = 1; d < n; d *= 2) bar.step(shape_of(topo_, [&](int r) { return (r + d) % n; }, per_host), 0);
+    add(OpKind::kBarrier, Algo::kDirect, bar.cost);
   }
 }
 

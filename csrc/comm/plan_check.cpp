@@ -215,7 +215,7 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
     }
     if (c.agreement && rooted(c.kind) && n > 1) all_pairs_barrier(ctx);
     if (c.kind == OpKind::kBarrier) {
-      all_pairs_barrier(ctx);
+      dissemination_barrier(ctx);  // as Communicator::plan
     } else {
       p.family = plan_call(ctx, call);
     }
