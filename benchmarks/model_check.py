@@ -32,10 +32,11 @@ def algo_of(backend):
 def collect(paths):
     """{(config, op, size): {"measured": {algo: [us...]}, "predicted": {algo: us}, "pick": name}}"""
     out = {}
-    for path in paths:
+    for spec in paths:
+        path, _, label = spec.partition("=")
         with open(path) as f:
             doc = json.load(f)
-        extra = doc.get("label", "")
+        extra = f" {label}" if label else ""
         for run in doc["runs"]:
             rep = run.get("report")
             if not rep:
@@ -106,7 +107,8 @@ def report(data, out):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("json", nargs="+", help="multihost.py --out X: X.json files")
+    ap.add_argument("json", nargs="+", help="multihost.py --out X: X.json files (X.json=LABEL adds LABEL to "
+                                           "its configurations, e.g. for a run with RINGCOMM_RING_ORDER=rank)")
     ap.add_argument("--out", help="also write the table to OUT.txt")
     args = ap.parse_args(argv)
     text = report(collect(args.json), sys.stdout)
