@@ -198,3 +198,59 @@ def test_bad_file_fails_init_on_every_rank(tmp_path):
                                 hard_timeout=60)
     for r, msg in enumerate(results):
         assert "RINGCOMM_COST_MODEL on rank 0" in msg and "not UTF-8 JSON" in msg, (r, msg)
+
+
+def test_nics_divide_the_inter_host_streams():
+    """With `nics` independent links per host (one NIC per GPU), the cross-host
+    transfers of a step share ceil(streams / nics) of a link, not one link."""
+    a_i, b_i, a_e, b_e, g = 1e-6, 1e-9, 50e-6, 4e-9, 0.5e-9
+    s = 1 << 20
+    for nics, share in ((1, 4), (2, 2), (3, 2), (4, 1), (8, 1)):
+        t = times(cost_model.model(2, 4, {**P, "nics": nics}), "all_reduce", s)
+        # 2 hosts x 4: doubling's masks 1 and 2 stay on a host, mask 4 sends all
+        # 4 ranks of each host across at once.
+        assert t["recursive_doubling"] == pytest.approx(2 * (a_i + s * b_i + s * g) + a_e + share * s * b_e + s * g)
+        # Hierarchical: 4 inter-host rings (one per local index) of a quarter buffer each.
+        assert t["hierarchical"] == pytest.approx(6 * a_i + 2 * a_e + 0.75 * (2 * s * b_i + s * g)
+                                                  + (s * b_e * share + 0.5 * s * g) / 4)
+        # The host-contiguous ring crosses once per host boundary: one stream, nics change nothing.
+        assert t["ring"] == pytest.approx(14 * a_e + 14 / 8 * s * b_e + 7 / 8 * s * g)
+        # One-shot (1 KiB): each of a host's 4 ranks sends to the other host's 4.
+        one = times(cost_model.model(2, 4, {**P, "nics": nics}), "all_reduce", 1024)["oneshot"]
+        assert one == pytest.approx(a_e + share * 4 * 1024 * b_e + 7 * 1024 * g)
+
+
+def test_nics_default_is_one_link_per_host():
+    for hosts in ([0, 1, 0, 1, 2, 2], [0] * 3 + [1] * 5, list(range(6))):
+        without = cost_model.model(hosts, params=P)
+        one = cost_model.model(hosts, params={**P, "nics": 1})
+        for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all"):
+            for nbytes in (8, 1 << 16, 1 << 24):
+                assert without.predict(op, nbytes) == one.predict(op, nbytes), (hosts, op, nbytes)
+    assert cost_model.default_params()["nics"] == 1
+    assert cost_model.check_params(P)["nics"] == 1
+    assert cost_model.model(2, 2, {**P, "nics": 8}).params()["nics"] == 8
+
+
+@pytest.mark.parametrize("nics", [0, -1, 1.5, True, "2", None, 1025])
+def test_bad_nics_are_value_errors(nics, tmp_path):
+    with pytest.raises(ValueError, match="nics"):
+        cost_model.check_params({**P, "nics": nics})
+    path = tmp_path / "nics.json"
+    path.write_text(json.dumps({"format": cost_model.FORMAT, "params": {**P, "nics": nics}}))
+    with pytest.raises(ValueError, match="cost model file"):
+        cost_model.load(str(path))
+
+
+def test_native_model_rejects_nics_below_one():
+    with pytest.raises(ValueError, match="nics"):
+        ringcomm._C.CostModel([0, 1], {**P, "nics": 0})
+
+
+def test_nics_in_parameter_files(tmp_path):
+    path = tmp_path / "dgx.json"
+    cost_model.save(str(path), {**P, "nics": 8})
+    assert cost_model.load(str(path))["nics"] == 8
+    old = tmp_path / "old.json"  # a file written before nics existed
+    old.write_text(json.dumps({"format": cost_model.FORMAT, "params": P}))
+    assert cost_model.load(str(old))["nics"] == 1

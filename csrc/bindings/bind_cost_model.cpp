@@ -39,6 +39,7 @@ py::dict params_dict(const CostParams& p) {
   d["intra"] = link_dict(p.intra);
   d["inter"] = link_dict(p.inter);
   d["gamma"] = p.gamma;
+  d["nics"] = p.nics;
   d["source"] = p.source;
   return d;
 }
@@ -52,6 +53,8 @@ CostParams params_from(const py::dict& d) {
   p.intra = link_from(d["intra"].cast<py::dict>());
   p.inter = link_from(d["inter"].cast<py::dict>());
   p.gamma = d["gamma"].cast<double>();
+  if (d.contains("nics")) p.nics = d["nics"].cast<int>();  // optional: one network link per host
+  if (p.nics < 1) throw ValueError("cost model: nics must be >= 1, got " + std::to_string(p.nics));
   p.source = d.contains("source") ? d["source"].cast<std::string>() : "given";
   return p;
 }

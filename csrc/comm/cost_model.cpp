@@ -1,6 +1,7 @@
 #include "comm/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "ringcomm/types.h"
 
@@ -18,6 +19,12 @@ CostParams default_cost_params() {
 }
 
 namespace {
+
+// How many of `streams` concurrent cross-host transfers of one host share
+// its busiest network link, the `nics` links taking them in turn.
+double link_share(const CostParams& p, double streams) {
+  return std::ceil(streams / std::max(1, p.nics));
+}
 
 // One step of a schedule: which link kind its slowest transfer takes, and
 // how many of its cross-host transfers leave the busiest host.
@@ -56,7 +63,7 @@ struct Tally {
     if (!s.any) return;
     const LinkCost& l = s.inter ? p.inter : p.intra;
     cost.a += l.alpha;
-    cost.b += frac * l.beta * (s.inter ? s.streams : 1) + reduce_frac * p.gamma;
+    cost.b += frac * l.beta * (s.inter ? link_share(p, s.streams) : 1) + reduce_frac * p.gamma;
   }
 };
 
@@ -109,17 +116,17 @@ Affine doubling_cost(const Topology& t, const CostParams& p, bool rabenseifner, 
 // Messages a rank of host h sends to peers on other hosts / its own, when
 // every rank sends to every other: per host, the busiest link's load.
 struct AllPairs {
-  double inter_msgs = 0;  // messages leaving the busiest host
+  double inter_msgs = 0;  // messages on the busiest host's busiest network link
   double intra_msgs = 0;  // messages one rank sends to its host's peers
   bool inter = false;
 };
 
-AllPairs all_pairs(const Topology& t) {
+AllPairs all_pairs(const Topology& t, const CostParams& p) {
   AllPairs a;
   const int n = t.world();
   for (int h = 0; h < t.hosts; ++h) {
     const double l = t.local_count(h);
-    a.inter_msgs = std::max(a.inter_msgs, l * (n - l));
+    a.inter_msgs = std::max(a.inter_msgs, link_share(p, l) * (n - l));
     a.intra_msgs = std::max(a.intra_msgs, l - 1);
   }
   a.inter = t.hosts > 1;
@@ -158,7 +165,7 @@ void CostModel::build() {
     return;
   }
   const LinkCost& worst = topo_.hosts > 1 ? p.inter : p.intra;
-  const AllPairs pairs = all_pairs(topo_);
+  const AllPairs pairs = all_pairs(topo_, p);
   // Every rank messages every other once (barrier, agreement, one-shot): the
   // first message's latency plus issuing the rest.
   const double all_pairs_a = worst.alpha + (n - 2) * (pairs.inter ? p.inter.overhead : p.intra.overhead);
@@ -192,13 +199,13 @@ void CostModel::build() {
 
   // Hierarchical: intra-host ring reduce-scatter over min_local blocks, a
   // ring all-reduce of one block among the ranks of equal local index (all
-  // min_local rings at once share each host's link), intra-host all-gather.
+  // min_local rings at once share each host's links), intra-host all-gather.
   if (topo_.hosts > 1 && topo_.max_local > 1) {
     const double lmin = topo_.min_local, lmax = topo_.max_local, h = topo_.hosts;
     Affine c;
     c.a = 2 * (lmax - 1) * p.intra.alpha + 2 * (h - 1) * p.inter.alpha;
     c.b = (lmax - 1) / lmin * (2 * p.intra.beta + p.gamma) +
-          (2 * (h - 1) / h * p.inter.beta * lmin + (h - 1) / h * p.gamma) / lmin;
+          (2 * (h - 1) / h * p.inter.beta * link_share(p, lmin) + (h - 1) / h * p.gamma) / lmin;
     add(OpKind::kAllReduce, Algo::kHierarchical, c);
   }
 

@@ -8,7 +8,8 @@
 // hosts, TCP). A step of a schedule, in which many ranks send at once, costs
 // as much as its slowest transfer: the inter link if any pair of the step is
 // on two hosts, with beta multiplied by the largest number of this step's
-// cross-host transfers leaving one host (they share its network link).
+// cross-host transfers leaving one host, divided among its `nics`
+// independent network links (ceil(streams / nics) share the busiest one).
 // Each family's time is then affine in the message size, T(S) = A + B * S:
 // both terms come from walking its schedule's steps over the real rank ->
 // host map once per topology (exact for interleaved placements, uneven hosts
@@ -39,6 +40,10 @@ struct CostParams {
   LinkCost intra;       // ranks of one host
   LinkCost inter;       // ranks of different hosts
   double gamma = 0;     // seconds per byte reduced
+  // Independent inter-host links per host: 1 for a host with one network
+  // port (every cross-host transfer of its ranks shares it), 8 for a DGX
+  // node with one NIC per GPU. Each rank's transfers take one link.
+  int nics = 1;
   std::string source;   // "default", "measured" or the file it came from
 };
 

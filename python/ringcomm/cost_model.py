@@ -4,7 +4,9 @@ Each algorithm's time is an alpha-beta-gamma formula over the communicator's
 topology: alpha (a message's latency), beta (seconds per byte of one stream)
 and overhead (issuing one more message) for the links between ranks of one
 host ("intra") and of different hosts ("inter"), gamma (seconds per byte
-reduced). The parameters are measured when a communicator is made (at most
+reduced), and nics (independent inter-host links per host, optional,
+default 1: with one NIC per GPU the ranks of a host do not share one link).
+The parameters are measured when a communicator is made (at most
 ~50 ms), read from a file `ringcomm-bench --calibrate` wrote
 (RINGCOMM_COST_MODEL=<file>), or the built-in defaults
 (RINGCOMM_COST_MODEL=default); rank 0's are broadcast, so every rank picks
@@ -23,6 +25,7 @@ from ringcomm import _C
 # any other: a bad one is a ValueError naming it, never a silent misuse).
 _LINK_RANGES = {"alpha": (1e-9, 10.0), "beta": (1e-15, 1e-3), "overhead": (0.0, 10.0)}
 _GAMMA_RANGE = (1e-15, 1e-3)
+_NICS_RANGE = (1, 1024)
 MAX_FILE_BYTES = 1 << 16
 FORMAT = "ringcomm-cost-model/1"
 
@@ -36,7 +39,8 @@ def _number(value, where, lo, hi):
 
 
 def check_params(params, where="cost model parameters"):
-    """A validated copy of a parameter dict ({"intra": {...}, "inter": {...}, "gamma": g})."""
+    """A validated copy of a parameter dict ({"intra": {...}, "inter": {...}, "gamma": g},
+    optionally "nics": n, default 1)."""
     if not isinstance(params, dict):
         raise ValueError(f"{where}: expected an object, got {type(params).__name__}")
     out = {}
@@ -46,6 +50,11 @@ def check_params(params, where="cost model parameters"):
             raise ValueError(f"{where}: '{link}' must be an object with alpha, beta and overhead")
         out[link] = {k: _number(got.get(k), f"{where}: {link}.{k}", lo, hi) for k, (lo, hi) in _LINK_RANGES.items()}
     out["gamma"] = _number(params.get("gamma"), f"{where}: gamma", *_GAMMA_RANGE)
+    nics = params.get("nics", 1)
+    if isinstance(nics, bool) or not isinstance(nics, int) or not _NICS_RANGE[0] <= nics <= _NICS_RANGE[1]:
+        raise ValueError(f"{where}: nics must be an integer in [{_NICS_RANGE[0]}, {_NICS_RANGE[1]}], "
+                         f"got {nics!r:.40}")
+    out["nics"] = nics
     out["source"] = str(params.get("source", "given"))[:200]
     return out
 
