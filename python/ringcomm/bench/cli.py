@@ -5,6 +5,7 @@
     mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2 \\
         ringcomm-bench --backends ringcomm,gloo,mpi
     torchrun --nproc-per-node 4 -m ringcomm.bench.cli --ops all_reduce
+    ringcomm-bench --simulate --preset dgx-h100-ib400 --plot p.png   # the cost model only (simulate.py)
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="measure ringcomm's cost model parameters on these ranks' links (median of "
            "--calibrate-runs runs) and write them to FILE for RINGCOMM_COST_MODEL=FILE; no sweep")
     a("--calibrate-runs", type=int, default=7, help="runs --calibrate takes the median of (default %(default)s)")
+    a("--simulate", action="store_true",
+      help="start no ranks: evaluate ringcomm's cost model for a described topology, 2 to 16,384 "
+           "ranks (ringcomm-bench --simulate -h lists its own options)")
     a("--json", metavar="FILE", help="write every figure and the machine facts to FILE")
     a("--plot", metavar="FILE.png", help="draw busbw and latency against size to FILE.png")
     a("--progress", choices=("auto", "on", "off"), default="auto",
@@ -170,6 +174,10 @@ def _backend_instances(backends: List[str], algos: Optional[List[str]]):
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--simulate" in argv:  # pure arithmetic: no launcher, no torch.distributed
+        from ringcomm.bench import simulate
+
+        return simulate.main(argv)
     args = parse_args(argv)
     if not launch.launched_externally() and args.nproc > 1:
         os.environ.setdefault(COMMAND_ENV, shlex.join([*_invocation(), *argv]))
