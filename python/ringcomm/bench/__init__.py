@@ -15,6 +15,8 @@ Modules, from the bottom up:
 - ``report``       the nccl-tests table, the JSON file and the machine facts
 - ``plot``         busbw and latency against size (matplotlib, Agg)
 - ``cli``          argument parsing and the sweep itself
+- ``simulate``     --simulate: the cost model over a described topology (no ranks), presets
+- ``simulate_plot`` its plot: predicted busbw against size, latency against ranks
 
 Nothing here imports torch, mpi4py or the native core at import time, so the pure
 parts (sizes, factors, checks) are usable and testable on their own.

@@ -63,7 +63,7 @@ class Preset:
 
 
 def _link(alpha_us: float, gbps: float, overhead_us: float) -> dict:
-    return {"alpha": alpha_us * 1e-6, "beta": 1 / (gbps * 1e9), "overhead": overhead_us * 1e-6}
+    return {"alpha": alpha_us / 1e6, "beta": 1 / (gbps * 1e9), "overhead": overhead_us / 1e6}
 
 
 # TCP over a 1500-byte MTU carries 1448 payload bytes (20 IP + 20 TCP + 12
@@ -254,13 +254,13 @@ def resolve(args: argparse.Namespace) -> dict:
         if overhead is not None and not (math.isfinite(overhead) and overhead >= 0):
             raise ValueError(f"--{link}-overhead-us must be >= 0, got {overhead}")
         if alpha is not None:
-            params[link]["alpha"] = alpha * 1e-6
+            params[link]["alpha"] = alpha / 1e6
             overridden.append(f"{link} alpha {alpha:g} us")
         if gbps is not None:
             params[link]["beta"] = 1 / (gbps * 1e9)
             overridden.append(f"{link} {gbps:g} GB/s")
         if overhead is not None:
-            params[link]["overhead"] = overhead * 1e-6
+            params[link]["overhead"] = overhead / 1e6
             overridden.append(f"{link} overhead {overhead:g} us")
     if _positive(args.gamma_gbps, "--gamma-gbps") is not None:
         params["gamma"] = 1 / (args.gamma_gbps * 1e9)
@@ -326,10 +326,15 @@ def simulate(inputs: dict) -> List[Row]:
                 predicted = model.predict(op, size)
                 for name, secs in predicted:
                     busbw = size / secs * coll.factor(n) / 1e9 if secs > 0 else float("inf")
-                    row.algos[name] = {"time_us": secs * 1e6, "busbw_gbps": busbw}
+                    row.algos[name] = {"time_us": _sig(secs * 1e6), "busbw_gbps": _sig(busbw)}
                 row.pick = predicted[0][0]  # predict() is fastest first: the pick
                 rows.append(row)
     return rows
+
+
+def _sig(x: float) -> float:
+    """Six significant digits: the model is not more exact than that, the JSON is smaller."""
+    return float(f"{x:.6g}")
 
 
 def _fmt_time(us: float) -> str:
@@ -415,10 +420,12 @@ def write_json(path: str, rows: List[Row], inputs: dict, command: str) -> None:
         "units": {"time_us": "predicted seconds x 1e6", "busbw_gbps": "size / time x nccl-tests factor / 1e9"},
         "rows": [r.as_dict() for r in rows],
     }
+    # One row per line: readable with grep and diff, a third of an indented file.
+    rows_text = ",\n".join(json.dumps(r, separators=(",", ":")) for r in doc.pop("rows"))
+    head = json.dumps(doc, indent=1)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+        f.write(head[:-2] + ',\n "rows": [\n' + rows_text + "\n ]\n}\n")
     os.replace(tmp, path)
 
 

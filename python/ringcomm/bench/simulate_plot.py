@@ -84,5 +84,5 @@ def plot_simulation(rows: List, inputs: dict, path: str) -> None:
         ax.legend(fontsize=6)
     fig.suptitle(f"ringcomm cost model, {title}: predictions, not measurements", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.975))
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
