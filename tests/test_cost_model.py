@@ -170,13 +170,13 @@ def test_measured_parameters_are_the_same_on_every_rank():
 
 def test_file_and_forced_algorithm(tmp_path):
     path = tmp_path / "model.json"
-    cost_model.save(str(path), P)
+    cost_model.save(str(path), {**P, "nics": 2})  # nics travels with the file
     results = harness.run_ranks(_agreed, 2, (None,), env={"RINGCOMM_COST_MODEL": str(path),
                                                           "RINGCOMM_ALGO": "all_reduce:ring",
                                                           "EXPECT_SOURCE": "file", "EXPECT_FIRST": "ring"},
                                 hard_timeout=90)
     _check_agreed(results)
-    assert results[0]["params"]["intra"] == P["intra"]
+    assert results[0]["params"]["intra"] == P["intra"] and results[0]["params"]["nics"] == 2
     results = harness.run_ranks(_agreed, 2, (None,), env={"RINGCOMM_COST_MODEL": "default",
                                                           "EXPECT_SOURCE": "default"}, hard_timeout=90)
     _check_agreed(results)
