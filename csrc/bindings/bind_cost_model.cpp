@@ -89,8 +89,8 @@ void bind_cost_model(py::module_& m) {
   auto comm = py::reinterpret_borrow<py::class_<Communicator>>(m.attr("Communicator"));
   comm.def("set_topology", &Communicator::set_topology, py::arg("host_labels"))
       .def("host_of", [](const Communicator& c) { return c.topology().host_of; })
-      .def("measure_links", &Communicator::measure_links, py::arg("intra_a"), py::arg("intra_b"),
-           py::arg("inter_a"), py::arg("inter_b"), py::arg("gamma_rank"), py::call_guard<ReleaseGil>())
+      .def("measure_links", &Communicator::measure_links, py::arg("intra_peer"), py::arg("inter_peer"),
+           py::arg("gamma_rank"), py::call_guard<ReleaseGil>())
       .def("set_cost_params", [](Communicator& c, const py::dict& d) { c.set_cost_params(params_from(d)); })
       .def("cost_params", [](const Communicator& c) { return params_dict(c.cost_model().params()); })
       .def("explain", [](const Communicator& c, const std::string& op, size_t nbytes) {

@@ -1,22 +1,25 @@
 // Measuring the cost model's parameters when a communicator is made
-// (Communicator::measure_links), over the communicator's own send/recv, so that
-// alpha includes what a schedule step really pays (headers, the executor's
-// wake-ups, the TCP I/O thread).
+// (Communicator::measure_links), over the communicator's own sendrecv, so
+// that alpha includes what a schedule step really pays (headers, the
+// executor's wake-ups, the TCP I/O thread) -- and under the load a
+// schedule step puts on the machine: every rank measures at once, as every
+// rank of a collective communicates at once (on hosts with fewer cores than
+// ranks, or one network link for several ranks, a pair measured alone
+// looks twice as fast as a collective's steps are).
 //
-// Two pairs measure (python/ringcomm/cost_model.py agree() picks them: ring
-// neighbours, so no connection is opened for it), everybody else returns at
-// once:
-//   intra: the two lowest ranks of the first host with two ranks or more;
-//   inter: the last rank of the first host and the first of the second.
-// Each pair runs, after a warm-up (which also sets up the link):
-//   ping-pong of 8 bytes, 3 rounds of 8 round trips: alpha = best round / 16;
-//   8 back-to-back 8-byte sends, one reply: overhead = (t - 2 alpha) / 7;
-//   1 MiB one way, 8 bytes back, best of 3: beta = (t - 2 alpha) / 1 MiB.
-// One rank also times its reduction kernel (float32 sum, 4 MiB, best of 3):
-// gamma. The measuring ranks publish their figures through the store and
-// every rank reads the same records (agree()): all pick alike, and no
-// collective call is spent on it. On the slowest link here (1 Gbit/s
-// shaped veth) this takes ~30 ms.
+// python/ringcomm/cost_model.py agree() pairs the ranks twice: inside each
+// host (local indices 2i, 2i+1), then across pairs of hosts (equal local
+// index on hosts 2j, 2j+1). Both partners of a pair, all pairs at once,
+// after a warm-up of 8 exchanges (which also sets up the link):
+//   exchange 8 bytes, 5 rounds of 8: alpha = the best round / 8;
+//   send 16 messages of 8 bytes each way, then receive them, against the
+//     same with one message: overhead = (t16 - t1) / 15 (median of 3);
+//   exchange 1 MiB, best of 3: beta = (t - alpha) / 1 MiB.
+// Rank 0 also times its reduction kernel (float32 sum, 4 MiB, best of 3):
+// gamma. A sample of the measuring ranks publish their figures through the
+// store and every rank reads the same records (agree(): the median of each
+// figure): all pick alike, and no collective call is spent on it. On the
+// slowest link here (1 Gbit/s shaped veth) this takes ~30 ms.
 //
 // Call numbers seen by users (errors, diagnostics, the torch backend) start
 // after the calibration: its send/recv are numbered like any (their
@@ -50,64 +53,50 @@ constexpr size_t kBandwidthBytes = 1 << 20;
 
 }  // namespace
 
-std::vector<double> Communicator::measure_links(int intra_a, int intra_b, int inter_a, int inter_b, int gamma_rank) {
+std::vector<double> Communicator::measure_links(int intra_peer, int inter_peer, int gamma_rank) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> v(7, nan);
-  std::vector<char> tiny(8), big(kBandwidthBytes);
-  // One pair's figures: alpha, beta, overhead (measured by `a`, peer `b` echoes).
-  auto measure_pair = [&](int a, int b, double* out) {
-    if (a < 0 || b < 0 || a == b || (rank_ != a && rank_ != b)) return;
-    const bool me = rank_ == a;
-    const int peer = me ? b : a;
-    Buffer t = bytes_of(tiny), g = bytes_of(big);
-    auto ping = [&] {
-      if (me) {
-        send(t, peer, false);
-        recv(t, peer, false);
-      } else {
-        recv(t, peer, false);
-        send(t, peer, false);
-      }
+  std::vector<char> tiny(8), tiny_in(8), big(kBandwidthBytes), big_in(kBandwidthBytes);
+  // Alpha, beta, overhead of the link to `peer`, both of us measuring at once.
+  auto measure_pair = [&](int peer, double* out) {
+    if (peer < 0 || peer == rank_) return;
+    Buffer t = bytes_of(tiny), ti = bytes_of(tiny_in), g = bytes_of(big), gi = bytes_of(big_in);
+    for (int i = 0; i < 8; ++i) sendrecv(t, peer, ti, peer);  // warm-up (and, over TCP, the connection)
+    // The best round: under load the spread is wide, and a slow round is
+    // the load of something else (the warm-up above gets the pair going).
+    auto median_of = [](std::vector<double> xs) {
+      std::sort(xs.begin(), xs.end());
+      return xs[xs.size() / 2];
     };
-    for (int i = 0; i < 2; ++i) ping();  // warm-up (and, over TCP, the connection)
-    double alpha = 1e9;
-    for (int round = 0; round < 3; ++round) {
+    std::vector<double> rounds;
+    for (int round = 0; round < 5; ++round) {
       const double t0 = now();
-      for (int i = 0; i < 8; ++i) ping();
-      alpha = std::min(alpha, (now() - t0) / 16);
+      for (int i = 0; i < 8; ++i) sendrecv(t, peer, ti, peer);
+      rounds.push_back((now() - t0) / 8);
     }
-    double overhead = 1e9;
-    for (int round = 0; round < 2; ++round) {
+    const double alpha = *std::min_element(rounds.begin(), rounds.end());
+    // 16 messages each way against 1: what each further message costs.
+    auto burst = [&](int k) {
       const double t0 = now();
-      if (me) {
-        for (int i = 0; i < 8; ++i) send(t, peer, false);
-        recv(t, peer, false);
-      } else {
-        for (int i = 0; i < 8; ++i) recv(t, peer, false);
-        send(t, peer, false);
-      }
-      overhead = std::min(overhead, std::max(0.0, (now() - t0 - 2 * alpha) / 7));
-    }
+      for (int i = 0; i < k; ++i) send(t, peer, false);
+      for (int i = 0; i < k; ++i) recv(ti, peer, false);
+      return now() - t0;
+    };
+    rounds.clear();
+    for (int round = 0; round < 3; ++round) rounds.push_back(std::max(0.0, (burst(16) - burst(1)) / 15));
+    const double overhead = median_of(rounds);
     double beta = 1e9;
     for (int round = 0; round < 3; ++round) {
       const double t0 = now();
-      if (me) {
-        send(g, peer, false);
-        recv(t, peer, false);
-      } else {
-        recv(g, peer, false);
-        send(t, peer, false);
-      }
-      beta = std::min(beta, std::max(1e-12, (now() - t0 - 2 * alpha) / kBandwidthBytes));
+      sendrecv(g, peer, gi, peer);
+      beta = std::min(beta, std::max(1e-12, (now() - t0 - alpha) / kBandwidthBytes));
     }
-    if (me) {
-      out[0] = alpha;
-      out[1] = beta;
-      out[2] = overhead;
-    }
+    out[0] = alpha;
+    out[1] = beta;
+    out[2] = overhead;
   };
-  measure_pair(intra_a, intra_b, v.data());
-  measure_pair(inter_a, inter_b, v.data() + 3);
+  measure_pair(intra_peer, v.data());
+  measure_pair(inter_peer, v.data() + 3);
   if (rank_ == gamma_rank) {
     std::vector<float> a(1 << 20, 1.0f), b(1 << 20, 2.0f);  // 4 MiB: out of cache, as buffers are
     const Reducer red = make_reducer(DataType::kFloat32, ReduceOp::kSum);

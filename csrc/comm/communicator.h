@@ -103,12 +103,12 @@ class Communicator {
   // it. Set with the ring order, before the first call.
   void set_topology(const std::vector<int>& host_labels);
   const Topology& topology() const { return topo_; }
-  // Calibration (comm/calibrate.cpp), a call of every rank: the pair
-  // intra_a/intra_b measures the intra-host link, inter_a/inter_b the
-  // inter-host one (-1: none), gamma_rank times its reduction; returns
-  // [intra alpha, beta, overhead, inter alpha, beta, overhead, gamma] with
-  // NaN for what this rank did not measure (a's figures, not b's).
-  std::vector<double> measure_links(int intra_a, int intra_b, int inter_a, int inter_b, int gamma_rank);
+  // Calibration (comm/calibrate.cpp), a call of every rank: this rank
+  // measures its link to intra_peer, then to inter_peer (-1: none; each
+  // pair's partners pass each other), rank gamma_rank times its reduction;
+  // returns [intra alpha, beta, overhead, inter alpha, beta, overhead,
+  // gamma], NaN for what this rank did not measure.
+  std::vector<double> measure_links(int intra_peer, int inter_peer, int gamma_rank);
   // Parameters every rank agreed on (python/ringcomm/cost_model.py agree()).
   void set_cost_params(const CostParams& p);
   const CostModel& cost_model() const { return model_; }

@@ -111,22 +111,33 @@ def model(hosts, ranks_per_host=None, params=None, *, slot_bytes=128 * 1024, one
     return _C.CostModel(labels, p, slot_bytes, oneshot_max_bytes, check_agreement)
 
 
+# Pairs of each link kind whose figures are published (the median is used):
+# enough to smooth one slow pair out, few enough that every rank reads them fast.
+SAMPLE_PAIRS = 8
+
+
 def measuring_pairs(host_labels):
-    """Who measures: (intra_a, intra_b, inter_a, inter_b), -1 where there is no
-    such pair. Both pairs are neighbours in the host-contiguous ring (the
-    connections they use exist anyway): the two lowest ranks of the first
-    host with two ranks, and the last rank of the first host with the first
-    of the second."""
+    """The pairs that measure, all at once (comm/calibrate.cpp): inside each
+    host local indices (2i, 2i+1); across hosts (2j, 2j+1) in host order,
+    equal local index. Returns (intra, inter): lists of (a, b), a < b."""
     hosts = {}
     for r, h in enumerate(host_labels):
         hosts.setdefault(h, []).append(r)
     members = list(hosts.values())
-    intra = next(((m[0], m[1]) for m in members if len(m) >= 2), (-1, -1))
-    inter = (members[0][-1], members[1][0]) if len(members) > 1 else (-1, -1)
-    return intra + inter
+    intra = [(m[i], m[i + 1]) for m in members for i in range(0, len(m) - 1, 2)]
+    inter = [(min(x, y), max(x, y)) for j in range(0, len(members) - 1, 2)
+             for x, y in zip(members[j], members[j + 1])]
+    return intra, inter
 
 
 _FIGURES = ("alpha", "beta", "overhead")
+
+
+def _median(values, where):
+    for v in values:
+        _number(v, f"measured {where}", -math.inf, math.inf)
+    values = sorted(values)
+    return values[len(values) // 2]
 
 
 def agree(native, store, prefix, rank, world_size, mode, given, host_labels, timeout_s, alive=None):
@@ -141,30 +152,36 @@ def agree(native, store, prefix, rank, world_size, mode, given, host_labels, tim
     if world_size == 1 or mode == "default":
         native.set_cost_params(params)
         return native.cost_params()
-    ia, ib, ea, eb = measuring_pairs(host_labels)
+    intra, inter = measuring_pairs(host_labels)
     mine = {}
     if mode == "file":
         if rank == 0:
             mine["params"] = given
         members = [0]
     else:
-        figs = native.measure_links(ia, ib, ea, eb, 0)
-        if rank == ia:
-            mine["intra"] = dict(zip(_FIGURES, figs[0:3]))
-        if rank == ea:
-            mine["inter"] = dict(zip(_FIGURES, figs[3:6]))
+        def partner(pairs):
+            return next((b if a == rank else a for a, b in pairs if rank in (a, b)), -1)
+
+        figs = native.measure_links(partner(intra), partner(inter), 0)
+        sample = {"intra": [a for a, _ in intra[:SAMPLE_PAIRS]], "inter": [a for a, _ in inter[:SAMPLE_PAIRS]]}
+        for link, off in (("intra", 0), ("inter", 3)):
+            if rank in sample[link]:
+                mine[link] = dict(zip(_FIGURES, figs[off:off + 3]))
         if rank == 0:
             mine["gamma"] = figs[6]
-        members = sorted({0, *(r for r in (ia, ea) if r >= 0)})
+        members = sorted({0, *sample["intra"], *sample["inter"]})
     got = bootstrap.exchange(store, prefix, rank, world_size, mine, timeout_s, alive=alive, members=members)
     if mode == "file":
         params = got[0].get("params")
         params = {**check_params(params, "rank 0's cost model parameters in the store"),
                   "source": "file (rank 0's RINGCOMM_COST_MODEL)"}
     else:
-        for link, who in (("intra", ia), ("inter", ea)):
-            if who >= 0:
-                params[link] = got[who].get(link)
+        for link in ("intra", "inter"):
+            recs = [got[r].get(link) for r in sample[link]]
+            if any(not isinstance(x, dict) for x in recs):
+                raise ValueError(f"ringcomm: a {link}-host figure in the store is malformed: {recs!r:.200}")
+            if recs:
+                params[link] = {k: _median([x.get(k) for x in recs], f"{link}.{k}") for k in _FIGURES}
         params["gamma"] = got[0].get("gamma")
         params = {**check_params(params, "the measured cost model parameters in the store"), "source": "measured"}
     native.set_cost_params(params)
