@@ -56,7 +56,8 @@ def collect(paths):
                     t = cell.get("time_us")
                     if t is None:
                         continue
-                    name = "gloo" if backend == "gloo" else algo_of(backend)
+                    name = ("gloo" if backend == "gloo" else
+                            entry["pick"] if backend == "ringcomm" else algo_of(backend))  # one --algo: its own name
                     if name:
                         entry["measured"].setdefault(name, []).append(t)
     return out
@@ -79,7 +80,8 @@ def report(data, out):
         best = min(forced, key=forced.get)
         auto = meas.get("auto")
         pick_ok = auto is not None and auto <= 1.10 * forced[best]
-        picks.append(pick_ok)
+        if auto is not None:
+            picks.append(pick_ok)
         cells = []
         for a in sorted(forced):
             p = e["predicted"].get(a)
@@ -90,7 +92,7 @@ def report(data, out):
                          f"{'' if err is None else f' ({err:+.0f}%)'}")
         pa = e["predicted"].get(e["pick"]) if e["pick"] else None
         w(f"{config:<28} {op:<11} {size:>9}  auto={e['pick'] or '?':<18} {fmt(auto)}/{fmt(pa).strip():<8} "
-          f"best={best:<18} {fmt(forced[best])}  {'ok ' if pick_ok else 'NO '}  "
+          f"best={best:<18} {fmt(forced[best])}  {('ok ' if pick_ok else 'NO ') if auto is not None else '-  '}  "
           f"gloo {fmt(meas.get('gloo'))}  | " + "; ".join(cells))
     within = sum(1 for x in errors if x <= 25)
     summary = [

@@ -66,6 +66,7 @@ BASE_PORT = 29500
 # Environment the launches must not inherit: each namespace sets its own.
 _DROP_ENV = ("RINGCOMM_", "MASTER_", "TORCHELASTIC_", "GLOO_")
 _DROP_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
+_EXTRA_ENV: Dict[str, str] = {}  # --env
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-pin", dest="pin", action="store_false",
       help="let every host run on every CPU (default: the CPUs are dealt out to the hosts, "
            "so each sees the cores it has; see host_cpus)")
+    a("--env", action="append", default=[], metavar="NAME=VALUE",
+      help="set this variable on every host (the harness otherwise drops RINGCOMM_* from its own "
+           "environment), e.g. --env RINGCOMM_RING_ORDER=rank; may be given several times")
     a("--repeat", type=int, default=1, help="runs of each configuration (default 1)")
     a("--out", default="multihost", help="writes OUT.txt and OUT.json (default %(default)s)")
     a("--launch-timeout", type=float, default=900.0,
@@ -170,6 +174,12 @@ def parse_args(argv: List[str]):
     parser = build_parser()
     args = parser.parse_args(argv)
     args.bench_extra = bench_extra
+    for item in args.env:
+        name, eq, _ = item.partition("=")
+        if not eq or not name or not name.replace("_", "").isalnum():
+            parser.error(f"--env {item!r}: expected NAME=VALUE")
+    _EXTRA_ENV.clear()
+    _EXTRA_ENV.update(item.split("=", 1) for item in args.env)
     args.algos = [a for a in args.algos.replace(";", " ").split() if a]
     if args.no_gloo and not args.algos:
         parser.error("nothing to run: no algorithm and --no-gloo")
@@ -232,6 +242,7 @@ def host_env(host: netns.Host) -> Dict[str, str]:
     env.update(RINGCOMM_HOST_ID=f"host{host.index}",  # namespaces share hostname and boot id
                RINGCOMM_SOCKET_IFNAME=host.ifname, GLOO_SOCKET_IFNAME=host.ifname,
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+    env.update(_EXTRA_ENV)
     return env
 
 

@@ -117,7 +117,8 @@ def test_interleaved_rank_renumbers_torchruns_ranks():
 
 def test_harness_rejects_bad_flags(capsys):
     for argv in (["--placement", "diagonal"], ["--rate", "fast"], ["--hosts", "0"],
-                 ["--algos", "", "--no-gloo"], ["-b", "1M", "-e", "8"]):
+                 ["--algos", "", "--no-gloo"], ["-b", "1M", "-e", "8"], ["--env", "NOVALUE"],
+                 ["--env", "=x"], ["--env", "A B=1"]):
         with pytest.raises(SystemExit) as e:
             mh.parse_args(argv)
         assert e.value.code == 2, argv
@@ -126,6 +127,11 @@ def test_harness_rejects_bad_flags(capsys):
     assert args.algos == ["ring", "all_reduce:rabenseifner,broadcast:tree", "auto"]
     assert args.out == "x/y" and args.bench_extra == ["-n", "3"]
     assert mh.parse_args([]).algos == ["ring", "auto"]
+    # --env reaches every host, past the RINGCOMM_* the harness drops from its own environment.
+    mh.parse_args(["--env", "RINGCOMM_RING_ORDER=rank", "--env", "X_Y=a=b"])
+    env = mh.host_env(mh.netns.Host(index=1, ns="ns", addr="10.0.0.2", ifname="eth1"))
+    assert env["RINGCOMM_RING_ORDER"] == "rank" and env["X_Y"] == "a=b" and env["RINGCOMM_HOST_ID"] == "host1"
+    mh.parse_args([])
 
 
 # --------------------------------------------------------------------------- namespaces

@@ -182,6 +182,16 @@ def agree(native, store, prefix, rank, world_size, mode, given, host_labels, tim
                 raise ValueError(f"ringcomm: a {link}-host figure in the store is malformed: {recs!r:.200}")
             if recs:
                 params[link] = {k: _median([x.get(k) for x in recs], f"{link}.{k}") for k in _FIGURES}
+        if inter:
+            # The inter-host pairs of one host measured at once, sharing its
+            # link: each saw its share of the bandwidth. The model charges a
+            # step for its streams itself (cost_model.cpp), so beta here is
+            # the whole link's.
+            per_host = {}
+            for a, b in inter:
+                for r in (a, b):
+                    per_host[host_labels[r]] = per_host.get(host_labels[r], 0) + 1
+            params["inter"]["beta"] /= max(per_host.values())
         params["gamma"] = got[0].get("gamma")
         params = {**check_params(params, "the measured cost model parameters in the store"), "source": "measured"}
     native.set_cost_params(params)
