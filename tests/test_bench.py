@@ -452,3 +452,33 @@ def test_tiny_sweep_under_mpirun(tmp_path):
     report = _check_sweep(proc, out_json, list(COLLECTIVES), ["ringcomm", "gloo", "mpi"])
     assert report["config"]["launcher"] == "mpirun"
     assert report["machine"]["mpi_library"]
+
+
+@pytest.mark.slow
+def test_explain_and_calibrate(tmp_path):
+    """--explain prints and records, per size, what ringcomm runs with its prediction
+    and the other candidates; --calibrate writes a file RINGCOMM_COST_MODEL reads."""
+    from ringcomm import cost_model
+
+    out_json = tmp_path / "r.json"
+    proc = _run([sys.executable, "-m", "ringcomm.bench.cli", "--nproc", "2", "-b", "8", "-e", "1M", "-f", "64",
+                 "--ops", "all_reduce,broadcast", "-n", "2", "-w", "1", "--budget", "0.02", "--batch-ms", "0.5",
+                 "--backends", "ringcomm", "--explain", "--no-memcpy", "--json", str(out_json)], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ringcomm runs") == 2
+    report = json.loads(out_json.read_text())
+    for row in report["results"]:
+        ex = row["explain"]
+        names = [n for n, _ in ex]
+        assert len(ex) >= 2 and len(set(names)) == len(names), ex
+        assert ex[0][1] == min(t for _, t in ex), ex  # auto: the pick is the fastest predicted
+        assert f"{ex[0][0]:>18}" in proc.stdout
+    model = tmp_path / "model.json"
+    proc = _run([sys.executable, "-m", "ringcomm.bench.cli", "--nproc", "2", "--calibrate", str(model),
+                 "--calibrate-runs", "3"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "written to" in proc.stdout and "intra: alpha" in proc.stdout
+    params = cost_model.load(str(model))
+    assert params["intra"]["alpha"] > 0 and params["gamma"] > 0
+    doc = json.loads(model.read_text())
+    assert doc["runs"] == 3 and doc["measured_links"] == ["intra"] and doc["world_size"] == 2
