@@ -30,11 +30,14 @@ def _run(labels, env, hard_timeout=240, **kwargs):
     (0, 1, 0, 1, 0),        # interleaved, uneven (3 + 2)
     (0, 1, 1, 2, 2, 2),     # 1 + 2 + 3 ranks
     (0, 1, 2),              # one rank per host: the inter-host ring alone
-], ids=["2x2", "interleaved-3+2", "1+2+3", "3x1"])
+    (0, 1, 2, 0, 1, 2),     # 3 x 2 interleaved
+], ids=["2x2", "interleaved-3+2", "1+2+3", "3x1", "3x2-interleaved"])
 def test_hierarchical_schedules(labels):
-    """all_reduce, and the trees of trees of broadcast and reduce (every root: the
-    matrix rotates them)."""
-    _run(labels, {"RINGCOMM_ALGO": "hierarchical"}, prims=("all_reduce", "broadcast", "reduce"),
+    """all_reduce, the trees of trees of broadcast and reduce (every root: the
+    matrix rotates them), all_gather and reduce_scatter (per local index across
+    hosts and per host inside: even hosts; uneven ones run the flat ring)."""
+    _run(labels, {"RINGCOMM_ALGO": "hierarchical"},
+         prims=("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"),
          counts=(0, 1, 2, 7, 1000, 65537), tag=f"hierarchical {labels} ")
 
 

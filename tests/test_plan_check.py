@@ -261,12 +261,12 @@ HOST_LAYOUTS = [[0, 0, 1, 1], [0, 1, 0, 1, 0], [0, 1, 1, 2, 2, 2], [0, 1, 2], [0
 
 
 @pytest.mark.parametrize("executor", ["cpu", "device"])
-@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "reduce"])
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"])
 def test_hierarchical_plans_are_sound(executor, op):
     for hosts in HOST_LAYOUTS:
         world = len(hosts)
         for count in _counts(world):
-            for avg in (False, True) if op != "broadcast" else (False,):
+            for avg in (False, True) if op not in ("broadcast", "all_gather") else (False,):
                 for root in _roots(op, world):
                     for nslots in ((2, NSLOTS) if executor == "cpu" else (NSLOTS,)):
                         what = (f"hierarchical {op} {executor} hosts={hosts} count={count} avg={avg} "

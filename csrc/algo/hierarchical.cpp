@@ -60,6 +60,86 @@ void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool
 
 namespace {
 
+// Even hosts (every host the same number of ranks): the column layout of
+// all_gather / reduce_scatter, rank (host g, local index q) at g, q.
+bool even_hosts(const PlanContext& c) {
+  return c.topo != nullptr && c.topo->hosts > 1 && c.topo->world() == c.world &&
+         c.topo->min_local == c.topo->max_local;
+}
+
+PlanContext group_of(const PlanContext& c, const std::vector<int>& members, int index) {
+  PlanContext g = c;
+  g.rank = index;
+  g.world = static_cast<int>(members.size());
+  g.members = members.data();
+  g.ring = nullptr;
+  g.ring_pos = 0;
+  g.topo = nullptr;
+  return g;
+}
+
+}  // namespace
+
+// Hierarchical all-gather (even hosts): an inter-host ring all-gather among
+// the ranks of equal local index q (each gets the blocks of every host's
+// q-th rank), then, inside each host, one ring all-gather per host g of its
+// q-th ranks' blocks (position q forwards block (g, q)): every block crosses
+// the network once per host, in H-1 hops, and the host's links carry
+// L rings at once.
+void hierarchical_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank) {
+  if (!even_hosts(c)) {
+    ring_all_gather(c, in, out, count_per_rank);
+    return;
+  }
+  const Topology& t = *c.topo;
+  const int h = t.host_of[c.rank], q = t.local_index[c.rank], hosts = t.hosts, l = t.local_count(h);
+  const size_t bytes = count_per_rank * c.elem;
+  push_copy(c, in, out + c.rank * bytes, bytes);
+  std::vector<int> column(hosts);
+  for (int g = 0; g < hosts; ++g) column[g] = t.members[g][q];
+  std::vector<Range> blocks(std::max(hosts, l));
+  for (int g = 0; g < hosts; ++g) blocks[g] = {static_cast<size_t>(column[g]) * count_per_rank, count_per_rank};
+  ring_all_gather_blocks(group_of(c, column, h), out, blocks.data(), count_per_rank);
+  push_fence(c);
+  const PlanContext intra = group_of(c, t.members[h], q);
+  for (int g = 0; g < hosts; ++g) {
+    for (int i = 0; i < l; ++i) blocks[i] = {static_cast<size_t>(t.members[g][i]) * count_per_rank, count_per_rank};
+    ring_all_gather_blocks(intra, out, blocks.data(), count_per_rank);
+  }
+}
+
+// Hierarchical reduce-scatter (even hosts), the other way round: inside
+// each host one ring reduce-scatter per host g (position q ends with block
+// (g, q) summed over the host), then an inter-host ring reduce-scatter among
+// the ranks of equal local index over their column of blocks. It works on a
+// copy of the input in `scratch` (world * count_per_rank elements).
+void hierarchical_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
+                                 char* scratch, bool avg) {
+  if (!even_hosts(c)) {
+    ring_reduce_scatter(c, in, out, count_per_rank, avg);
+    return;
+  }
+  const Topology& t = *c.topo;
+  const int h = t.host_of[c.rank], q = t.local_index[c.rank], hosts = t.hosts, l = t.local_count(h);
+  const size_t bytes = count_per_rank * c.elem;
+  push_copy(c, in, scratch, bytes * c.world);
+  std::vector<Range> blocks(std::max(hosts, l));
+  const PlanContext intra = group_of(c, t.members[h], q);
+  for (int g = 0; g < hosts; ++g) {
+    for (int i = 0; i < l; ++i) blocks[i] = {static_cast<size_t>(t.members[g][i]) * count_per_rank, count_per_rank};
+    ring_reduce_scatter_blocks(intra, scratch, blocks.data(), count_per_rank);
+  }
+  push_fence(c);
+  std::vector<int> column(hosts);
+  for (int g = 0; g < hosts; ++g) column[g] = t.members[g][q];
+  for (int g = 0; g < hosts; ++g) blocks[g] = {static_cast<size_t>(column[g]) * count_per_rank, count_per_rank};
+  ring_reduce_scatter_blocks(group_of(c, column, h), scratch, blocks.data(), count_per_rank, avg);
+  push_fence(c);
+  push_copy(c, scratch + c.rank * bytes, out, bytes);
+}
+
+namespace {
+
 // The two levels of the trees: this rank's host group (its leader: the root
 // on the root's host, the lowest rank elsewhere, at group index 0 or the
 // root's own index) and the leaders' group, one rank per host.

@@ -82,8 +82,8 @@ void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
   ring_in_place(c, buf, [&](int q) { return ring_block(count, n, q); }, ring_block(count, n, 0).count, true, true, avg);
 }
 
-void ring_reduce_scatter_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block) {
-  ring_in_place(c, buf, [&](int q) { return blocks[q]; }, max_block, true, false, false);
+void ring_reduce_scatter_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block, bool avg) {
+  ring_in_place(c, buf, [&](int q) { return blocks[q]; }, max_block, true, false, avg);
 }
 
 void ring_all_gather_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block) {

@@ -65,13 +65,21 @@ void ring_all_gather(const PlanContext& c, const char* in, char* out, size_t cou
 
 // The ring's two parts in place over any block layout (position q of the
 // ring finishes blocks[q], n entries; max_block: the largest count).
-void ring_reduce_scatter_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block);
+void ring_reduce_scatter_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block,
+                                bool avg = false);
 void ring_all_gather_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block);
 
 // Hierarchical all-reduce over c.topo (algo/hierarchical.cpp): intra-host
 // reduce-scatter, inter-host ring all-reduce among the ranks of equal local
 // index (all at once), intra-host all-gather; any ranks per host.
 void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
+// Even hosts (the same number of ranks on each; otherwise the flat ring):
+// an inter-host ring per local index and intra-host rings per host (see
+// algo/hierarchical.cpp); the reduce-scatter's `scratch` holds the input
+// (world * count_per_rank elements).
+void hierarchical_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);
+void hierarchical_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
+                                 char* scratch, bool avg);
 // Trees of trees: a binomial tree among one rank per host (the root on its
 // host, the lowest rank on the others), then one inside every host; the
 // reduce runs the other way. The reduce's `scratch` holds 3 * count elements.

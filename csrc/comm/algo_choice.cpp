@@ -48,7 +48,8 @@ bool algo_has(OpKind k, Algo a) {
     case Algo::kRabenseifner:
       return k == OpKind::kAllReduce;
     case Algo::kHierarchical:
-      return k == OpKind::kAllReduce || k == OpKind::kBroadcast || k == OpKind::kReduce;
+      return k == OpKind::kAllReduce || k == OpKind::kBroadcast || k == OpKind::kReduce ||
+             k == OpKind::kAllGather || k == OpKind::kReduceScatter;
     case Algo::kDirect:
       return k == OpKind::kScatter || k == OpKind::kGather || k == OpKind::kAllToAll || k == OpKind::kBarrier;
     case Algo::kTree:

@@ -11,7 +11,9 @@ size_t scratch_bytes(const CallPlan& d, size_t elem, int world) {
     case Algo::kRecursiveDoubling:
     case Algo::kRabenseifner: return d.kind == OpKind::kAllReduce ? bytes : 0;
     case Algo::kTree: return d.kind == OpKind::kReduce ? 2 * bytes : 0;
-    case Algo::kHierarchical: return d.kind == OpKind::kReduce ? 3 * bytes : 0;
+    case Algo::kHierarchical:
+      return d.kind == OpKind::kReduce ? 3 * bytes
+             : d.kind == OpKind::kReduceScatter ? bytes * static_cast<size_t>(world) : 0;
     default: return 0;
   }
 }
@@ -42,6 +44,10 @@ ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
           return kFamilyRing;
       }
     case OpKind::kReduceScatter:
+      if (d.algo == Algo::kHierarchical) {
+        hierarchical_reduce_scatter(c, d.in, d.out, d.count, d.scratch, d.avg);
+        return kFamilyHierarchical;
+      }
       if (pull) {
         pull_reduce_scatter(c, d.in, d.out, d.count, d.avg);
       } else {
@@ -52,6 +58,10 @@ ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
       if (d.algo == Algo::kBruck) {
         bruck_all_gather(c, d.in, d.out, d.count);
         return kFamilyBruck;
+      }
+      if (d.algo == Algo::kHierarchical) {
+        hierarchical_all_gather(c, d.in, d.out, d.count);
+        return kFamilyHierarchical;
       }
       if (pull) {
         pull_all_gather(c, d.in, d.out, d.count);

@@ -209,6 +209,19 @@ void CostModel::build() {
     add(OpKind::kAllReduce, Algo::kHierarchical, c);
   }
 
+  // Hierarchical all-gather / reduce-scatter (even hosts only: the flat ring
+  // otherwise): H-1 inter-host steps of S/n with L rings sharing each
+  // host's link, then H intra-host rings of L-1 steps of S/n.
+  if (topo_.hosts > 1 && topo_.max_local > 1 && topo_.min_local == topo_.max_local) {
+    const double l = topo_.max_local, h = topo_.hosts;
+    const double inter_streams = std::ceil(l / std::max(1, p.nics));
+    Affine ag{(h - 1) * p.inter.alpha + h * (l - 1) * p.intra.alpha,
+              ((h - 1) * p.inter.beta * inter_streams + h * (l - 1) * p.intra.beta) / dn};
+    Affine rs{ag.a, ag.b + ((h - 1) + h * (l - 1)) * p.gamma / dn};
+    add(OpKind::kAllGather, Algo::kHierarchical, ag);
+    add(OpKind::kReduceScatter, Algo::kHierarchical, rs);
+  }
+
   // Bruck's all-gather: step d moves min(d, n-d) blocks to rank r-d.
   {
     Tally t{p, {}};
