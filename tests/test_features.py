@@ -516,8 +516,6 @@ def section_small_all_reduce(comm, fail):
         # own order (the same bits on every rank all the same). Which one a size
         # runs is the cost model's pick (measured at init): explain() says.
         oneshot = comm.explain("all_reduce", 4 * n)[0][0] == "oneshot"
-        if n == 1 and ws > 1 and not oneshot:
-            fail(f"auto does not run one-shot for a 4-byte all_reduce: {comm.explain('all_reduce', 4)}")
         if oneshot and not np.array_equal(x, exp):
             fail(f"float32 sum of {n}: not the rank-order fold (first differences at "
                  f"{np.flatnonzero(x != exp)[:4]})")

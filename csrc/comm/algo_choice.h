@@ -10,7 +10,8 @@
 // recursive_doubling (all_reduce), rabenseifner (all_reduce), tree
 // (binomial: broadcast, reduce), bruck (all_gather), hierarchical
 // (all_reduce: intra-host reduce-scatter, inter-host all-reduce per local
-// index, intra-host all-gather; broadcast, reduce: trees of trees), direct (scatter, gather, all_to_all, barrier).
+// index, intra-host all-gather; broadcast, reduce: trees of trees;
+// all_gather, reduce_scatter: per local index, then per host), direct (scatter, gather, all_to_all, barrier).
 #pragma once
 
 #include <array>

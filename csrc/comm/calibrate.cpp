@@ -12,8 +12,8 @@
 // index on hosts 2j, 2j+1). Both partners of a pair, all pairs at once,
 // after a warm-up of 8 exchanges (which also sets up the link):
 //   exchange 8 bytes, 5 rounds of 8: alpha = the best round / 8;
-//   send k = min(16, slots - 1) messages of 8 bytes each way, then receive
-//     them, against one: overhead = (t_k - t_1) / (k - 1) (median of 3);
+//   k = min(16, slots - 1) messages of 8 bytes one way, then k back,
+//     against one each way: overhead = (t_k - t_1) / 2(k - 1) (median of 3);
 //   exchange 1 MiB, best of 3: beta = (t - alpha) / 1 MiB.
 // Rank 0 also times its reduction kernel (float32 sum, 4 MiB, best of 3):
 // gamma. A sample of the measuring ranks publish their figures through the
@@ -75,18 +75,26 @@ std::vector<double> Communicator::measure_links(int intra_peer, int inter_peer, 
       rounds.push_back((now() - t0) / 8);
     }
     const double alpha = *std::min_element(rounds.begin(), rounds.end());
-    // A burst each way against 1 message: what each further message costs.
-    // Both partners send their whole burst before receiving, so it must fit
-    // in the FIFO's slots (else both wait to send: a deadlock).
+    // A burst of k messages one way, then k back, against one each way: what
+    // each further message costs. The lower rank sends first, the other
+    // receives first (a send may wait for its receiver: pulls, full FIFOs).
     const int k = std::max(2, std::min(16, config_.nslots - 1));
-    auto burst = [&](int k) {
+    const bool first = rank_ < peer;
+    auto burst = [&](int m) {
       const double t0 = now();
-      for (int i = 0; i < k; ++i) send(t, peer, false);
-      for (int i = 0; i < k; ++i) recv(ti, peer, false);
+      for (int pass = 0; pass < 2; ++pass) {
+        if ((pass == 0) == first) {
+          for (int i = 0; i < m; ++i) send(t, peer, false);
+        } else {
+          for (int i = 0; i < m; ++i) recv(ti, peer, false);
+        }
+      }
       return now() - t0;
     };
     rounds.clear();
-    for (int round = 0; round < 3; ++round) rounds.push_back(std::max(0.0, (burst(k) - burst(1)) / (k - 1)));
+    for (int round = 0; round < 3; ++round) {
+      rounds.push_back(std::max(0.0, (burst(k) - burst(1)) / (2.0 * (k - 1))));
+    }
     const double overhead = median_of(rounds);
     double beta = 1e9;
     for (int round = 0; round < 3; ++round) {

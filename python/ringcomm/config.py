@@ -6,7 +6,8 @@ RINGCOMM_TIMEOUT           seconds any blocking wait may take (default 300; > 0,
 RINGCOMM_ALGO              auto | one name, forced for every op that has it: ring, oneshot (all_reduce),
                            pull (every collective and send/recv by single-copy pulls, where the OS
                            allows), recursive_doubling, rabenseifner (all_reduce), tree (broadcast, reduce),
-                           bruck (all_gather), hierarchical (all_reduce across hosts),
+                           bruck (all_gather), hierarchical (all_reduce, broadcast, reduce,
+                           all_gather, reduce_scatter across hosts),
                            direct (scatter, gather, all_to_all, barrier) |
                            op:name,... per op (e.g. all_reduce:recursive_doubling,broadcast:tree)
 RINGCOMM_PULL              0 disables single-copy pulls (default 1; 0 or 1)
