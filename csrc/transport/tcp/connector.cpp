@@ -20,13 +20,19 @@ constexpr uint64_t kListenKey = 1ULL << 62;
 constexpr uint64_t kPendingKey = 2ULL << 62;
 constexpr uint64_t kTagMask = 3ULL << 62;
 
-std::string seconds_text(Clock::duration d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", std::chrono::duration<double>(d).count());
-  return buf;
+// This rank's greeting to `to`: 72 bytes into a fresh socket's send buffer
+// (16 KiB and more), so one non-blocking send takes them, or the connection
+// is not worth waiting for. "" when sent, else what went wrong.
+std::string send_greeting(int fd, const Identity& me, int to) {
+  char greeting[kGreetingBytes];
+  encode_greeting(me, to, greeting);
+  ssize_t put;
+  do {
+    put = ::send(fd, greeting, sizeof greeting, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (put < 0 && errno == EINTR);
+  if (put == static_cast<ssize_t>(sizeof greeting)) return "";
+  return put < 0 ? errno_text(errno) : std::string("the socket took only part");
 }
-
-const std::string kGraceText = seconds_text(kHandshakeGrace);
 
 }  // namespace
 
@@ -129,17 +135,8 @@ void Connector::serve_dial(Dial& d, Clock::time_point now, std::vector<Result>* 
                        out);
     }
     if (err != 0) return fail_dial(d, errno_text(err), out);
-    char greeting[kGreetingBytes];
-    encode_greeting(me_, d.peer, greeting);
-    // 72 bytes into a fresh socket's send buffer: one non-blocking send.
-    ssize_t put;
-    do {
-      put = ::send(d.fd.get(), greeting, sizeof greeting, MSG_NOSIGNAL | MSG_DONTWAIT);
-    } while (put < 0 && errno == EINTR);
-    if (put != static_cast<ssize_t>(sizeof greeting)) {
-      return fail_dial(d, "sending the handshake: " + (put < 0 ? errno_text(errno) : "the socket took only part"),
-                       out);
-    }
+    const std::string sent = send_greeting(d.fd.get(), me_, d.peer);
+    if (!sent.empty()) return fail_dial(d, "sending the handshake: " + sent, out);
     d.stage = Dial::kAnswer;
     watch(d.fd.get(), EPOLLIN, static_cast<uint64_t>(d.peer));
   }
@@ -227,17 +224,8 @@ bool Connector::serve(size_t i, std::vector<Result>* out) {
       finish_dial(h.from);  // the lower rank's dial is kept: answer it
     }
     if (why.empty()) {
-      // 72 bytes into a fresh socket's send buffer (16 KiB and more): one
-      // non-blocking send takes them, or the connection is not worth waiting for.
-      char answer[kGreetingBytes];
-      encode_greeting(me_, h.from, answer);
-      ssize_t put;
-      do {
-        put = ::send(p.fd.get(), answer, sizeof answer, MSG_NOSIGNAL | MSG_DONTWAIT);
-      } while (put < 0 && errno == EINTR);
-      if (put != static_cast<ssize_t>(sizeof answer)) {
-        why = "answering it: " + (put < 0 ? errno_text(errno) : std::string("the socket took only part"));
-      }
+      const std::string sent = send_greeting(p.fd.get(), me_, h.from);
+      if (!sent.empty()) why = "answering it: " + sent;
     }
     if (!why.empty()) {
       drop(i, stats_.bad_hello, "bad handshake: " + why);
@@ -270,7 +258,7 @@ void Connector::step(Clock::time_point now, std::vector<Result>* out) {
     }
   }
   while (!pending_.empty() && now - pending_.front().since >= kHandshakeGrace) {
-    drop(0, stats_.timed_out, "no complete handshake within " + kGraceText + " s");
+    drop(0, stats_.timed_out, "no complete handshake within " + handshake_grace_text() + " s");
   }
   struct epoll_event evs[64];
   const int n = ::epoll_wait(epoll_.get(), evs, 64, 0);

@@ -8,17 +8,15 @@
 
 namespace ringcomm {
 namespace tcp {
-namespace {
 
-std::string seconds_text(Clock::duration d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", std::chrono::duration<double>(d).count());
-  return buf;
+const std::string& handshake_grace_text() {
+  static const std::string text = [] {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", std::chrono::duration<double>(kHandshakeGrace).count());
+    return std::string(buf);
+  }();
+  return text;
 }
-
-const std::string kGraceText = seconds_text(kHandshakeGrace);
-
-}  // namespace
 
 void encode_greeting(const Identity& me, int to, char out[kGreetingBytes]) {
   Hello h;
@@ -69,7 +67,7 @@ std::string AcceptStats::summary() const {
   };
   add(bad_secret, "without the secret");
   add(bad_hello, "with a bad handshake");
-  add(timed_out, "without a complete handshake within " + kGraceText + " s");
+  add(timed_out, "without a complete handshake within " + handshake_grace_text() + " s");
   add(evicted, "dropped to keep at most " + std::to_string(kMaxPending) + " waiting");
   add(hung_up, "closed before completing the handshake");
   return s;

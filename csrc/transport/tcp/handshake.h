@@ -39,6 +39,8 @@ struct Identity {
 // connection) and a dialer descheduled on an overloaded host. A dialer whose
 // connection is dropped anyway tries again (kDialAttempts).
 constexpr auto kHandshakeGrace = std::chrono::seconds(2);
+// kHandshakeGrace in seconds, for messages ("2").
+const std::string& handshake_grace_text();
 // Connections accepted but not yet through their greeting. A stranger can
 // hold a slot for kHandshakeGrace at most, and a new connection evicts the
 // oldest unauthenticated one, so locking a real peer out takes opening
