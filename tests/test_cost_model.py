@@ -254,3 +254,32 @@ def test_nics_in_parameter_files(tmp_path):
     old = tmp_path / "old.json"  # a file written before nics existed
     old.write_text(json.dumps({"format": cost_model.FORMAT, "params": P}))
     assert cost_model.load(str(old))["nics"] == 1
+
+
+def _pull_send_after_calibration(comm, _):
+    import time
+
+    import numpy as np
+
+    r = comm.rank
+    fails = []
+    for n in (8, 1 << 20):
+        x = np.arange(n, dtype=np.uint8) if r == 0 else np.zeros(n, np.uint8)
+        if r == 0:
+            comm.send(x, 1)  # returns once rank 1 has read it (a pull send)...
+            x[:] = 7         # ...so this cannot reach rank 1
+        else:
+            time.sleep(0.2)
+            comm.recv(x, 0)
+            if not np.array_equal(x, np.arange(n, dtype=np.uint8)):
+                fails.append(f"{n} bytes: rank 1 got {x[:8]} (the sender returned before it was read)")
+    return fails
+
+
+def test_pull_sends_after_calibration_wait_for_their_reader():
+    """Calibration's sends are numbered like any (with pulls forced they are pulls):
+    a pull send completes when the reader's count of messages read reaches its
+    number, so the numbering must go on after calibration, not restart."""
+    results = harness.run_ranks(_pull_send_after_calibration, 2, (None,),
+                                env={"RINGCOMM_ALGO": "pull", "RINGCOMM_PULL_MIN_BYTES": 1}, hard_timeout=60)
+    harness.assert_no_failures(results)

@@ -21,9 +21,10 @@
 // figure): all pick alike, and no collective call is spent on it. On the
 // slowest link here (1 Gbit/s shaped veth) this takes ~30 ms.
 //
-// Call numbers seen by users (errors, diagnostics, the torch backend) start
-// after the calibration: its send/recv are numbered like any (their
-// messages must match), then the pair's numbering restarts.
+// Its send/recv are numbered like any p2p call of the pair, and the pair's
+// numbering goes on from there (it must: a pull send completes when the
+// peer's count of messages read reaches its number, and that count never
+// goes back). Collective call numbers are untouched (no collective runs).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -119,7 +120,6 @@ std::vector<double> Communicator::measure_links(int intra_peer, int inter_peer, 
     }
     v[6] = best / (a.size() * sizeof(float));
   }
-  restart_numbering();
   return v;
 }
 

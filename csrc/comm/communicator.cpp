@@ -197,13 +197,6 @@ std::vector<std::pair<std::string, double>> Communicator::explain(OpKind kind, s
   return out;
 }
 
-void Communicator::restart_numbering() {
-  std::lock_guard<std::mutex> lk(mu_);
-  seq_ = 0;
-  std::fill(send_seq_.begin(), send_seq_.end(), 0);
-  std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
-}
-
 void Communicator::finish_init() {
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;

@@ -193,11 +193,6 @@ class Communicator {
   Algo resolve_algo(const Call& c) const;
   Algo resolve_algo(OpKind kind, size_t model_bytes) const;
   void rebuild_model();
-  // Every call number (collectives and each pair's p2p) back to 0: only
-  // between calls every rank makes at the same point (comm/calibrate.cpp).
-  // Messages of earlier calls still queued for a peer are consumed by that
-  // peer's earlier calls first (FIFO order), so the numbers never meet.
-  void restart_numbering();
   void plan_p2p(Call& call, const PlanContext& ctx);
   void worker_loop();
   void run_front(std::unique_lock<std::mutex>& lk);
