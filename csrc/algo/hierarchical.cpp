@@ -23,50 +23,17 @@
 
 namespace ringcomm {
 
-void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
-  const Topology* t = c.topo;
-  if (t == nullptr || t->hosts == 1 || t->world() != c.world) {
-    ring_all_reduce(c, buf, count, avg);  // one host: the hierarchy is the ring
-    return;
-  }
-  const int h = t->host_of[c.rank], q = t->local_index[c.rank], lmin = t->min_local;
-  const std::vector<int>& local = t->members[h];
-  const int l = static_cast<int>(local.size());
-  std::vector<Range> blocks(l);
-  for (int i = 0; i < l; ++i) blocks[i] = i < lmin ? ring_block(count, lmin, i) : Range{count, 0};
-  const size_t max_block = ring_block(count, lmin, 0).count;
-
-  PlanContext intra = c;
-  intra.rank = q;
-  intra.world = l;
-  intra.members = local.data();
-  intra.ring = nullptr;
-  intra.ring_pos = 0;
-  intra.topo = nullptr;
-  ring_reduce_scatter_blocks(intra, buf, blocks.data(), max_block);
-  push_fence(c);
-  if (q < lmin) {
-    std::vector<int> peers(t->hosts);
-    for (int g = 0; g < t->hosts; ++g) peers[g] = t->members[g][q];
-    PlanContext cross = intra;
-    cross.rank = h;
-    cross.world = t->hosts;
-    cross.members = peers.data();
-    ring_all_reduce(cross, buf + blocks[q].offset * c.elem, blocks[q].count, avg);
-    push_fence(c);
-  }
-  ring_all_gather_blocks(intra, buf, blocks.data(), max_block);
-}
-
 namespace {
+
+// No hierarchy to use: one host (or no topology for this context).
+bool one_host(const PlanContext& c) { return c.topo == nullptr || c.topo->hosts == 1 || c.topo->world() != c.world; }
 
 // Even hosts (every host the same number of ranks): the column layout of
 // all_gather / reduce_scatter, rank (host g, local index q) at g, q.
-bool even_hosts(const PlanContext& c) {
-  return c.topo != nullptr && c.topo->hosts > 1 && c.topo->world() == c.world &&
-         c.topo->min_local == c.topo->max_local;
-}
+bool even_hosts(const PlanContext& c) { return !one_host(c) && c.topo->min_local == c.topo->max_local; }
 
+// The context of a group of the communicator's ranks (`members`, this rank
+// at `index`): peers by group index, rings in group order.
 PlanContext group_of(const PlanContext& c, const std::vector<int>& members, int index) {
   PlanContext g = c;
   g.rank = index;
@@ -78,7 +45,51 @@ PlanContext group_of(const PlanContext& c, const std::vector<int>& members, int 
   return g;
 }
 
+// This rank's host group, by local index.
+PlanContext host_group(const PlanContext& c) {
+  const Topology& t = *c.topo;
+  return group_of(c, t.members[t.host_of[c.rank]], t.local_index[c.rank]);
+}
+
+// The ranks of local index q, one per host, in host order.
+std::vector<int> column(const Topology& t, int q) {
+  std::vector<int> ranks(t.hosts);
+  for (int g = 0; g < t.hosts; ++g) ranks[g] = t.members[g][q];
+  return ranks;
+}
+
+// The leaders of the trees of trees: the root on its host, the lowest rank
+// elsewhere (one per host, in host order).
+std::vector<int> leaders_of(const Topology& t, int root) {
+  std::vector<int> ranks = column(t, 0);
+  ranks[t.host_of[root]] = root;
+  return ranks;
+}
+
 }  // namespace
+
+void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
+  if (one_host(c)) {
+    ring_all_reduce(c, buf, count, avg);  // one host: the hierarchy is the ring
+    return;
+  }
+  const Topology& t = *c.topo;
+  const int h = t.host_of[c.rank], q = t.local_index[c.rank], lmin = t.min_local, l = t.local_count(h);
+  std::vector<Range> blocks(l);
+  for (int i = 0; i < l; ++i) blocks[i] = i < lmin ? ring_block(count, lmin, i) : Range{count, 0};
+  const size_t max_block = ring_block(count, lmin, 0).count;
+
+  const PlanContext intra = host_group(c);
+  ring_reduce_scatter_blocks(intra, buf, blocks.data(), max_block);
+  push_fence(c);
+  if (q < lmin) {
+    const std::vector<int> peers = column(t, q);
+    ring_all_reduce(group_of(c, peers, h), buf + blocks[q].offset * c.elem, blocks[q].count, avg);
+    push_fence(c);
+  }
+  ring_all_gather_blocks(intra, buf, blocks.data(), max_block);
+}
+
 
 // Hierarchical all-gather (even hosts): an inter-host ring all-gather among
 // the ranks of equal local index q (each gets the blocks of every host's
@@ -95,13 +106,12 @@ void hierarchical_all_gather(const PlanContext& c, const char* in, char* out, si
   const int h = t.host_of[c.rank], q = t.local_index[c.rank], hosts = t.hosts, l = t.local_count(h);
   const size_t bytes = count_per_rank * c.elem;
   push_copy(c, in, out + c.rank * bytes, bytes);
-  std::vector<int> column(hosts);
-  for (int g = 0; g < hosts; ++g) column[g] = t.members[g][q];
+  const std::vector<int> peers = column(t, q);
   std::vector<Range> blocks(std::max(hosts, l));
-  for (int g = 0; g < hosts; ++g) blocks[g] = {static_cast<size_t>(column[g]) * count_per_rank, count_per_rank};
-  ring_all_gather_blocks(group_of(c, column, h), out, blocks.data(), count_per_rank);
+  for (int g = 0; g < hosts; ++g) blocks[g] = {static_cast<size_t>(peers[g]) * count_per_rank, count_per_rank};
+  ring_all_gather_blocks(group_of(c, peers, h), out, blocks.data(), count_per_rank);
   push_fence(c);
-  const PlanContext intra = group_of(c, t.members[h], q);
+  const PlanContext intra = host_group(c);
   for (int g = 0; g < hosts; ++g) {
     for (int i = 0; i < l; ++i) blocks[i] = {static_cast<size_t>(t.members[g][i]) * count_per_rank, count_per_rank};
     ring_all_gather_blocks(intra, out, blocks.data(), count_per_rank);
@@ -124,67 +134,31 @@ void hierarchical_reduce_scatter(const PlanContext& c, const char* in, char* out
   const size_t bytes = count_per_rank * c.elem;
   push_copy(c, in, scratch, bytes * c.world);
   std::vector<Range> blocks(std::max(hosts, l));
-  const PlanContext intra = group_of(c, t.members[h], q);
+  const PlanContext intra = host_group(c);
   for (int g = 0; g < hosts; ++g) {
     for (int i = 0; i < l; ++i) blocks[i] = {static_cast<size_t>(t.members[g][i]) * count_per_rank, count_per_rank};
     ring_reduce_scatter_blocks(intra, scratch, blocks.data(), count_per_rank);
   }
   push_fence(c);
-  std::vector<int> column(hosts);
-  for (int g = 0; g < hosts; ++g) column[g] = t.members[g][q];
-  for (int g = 0; g < hosts; ++g) blocks[g] = {static_cast<size_t>(column[g]) * count_per_rank, count_per_rank};
-  ring_reduce_scatter_blocks(group_of(c, column, h), scratch, blocks.data(), count_per_rank, avg);
+  const std::vector<int> peers = column(t, q);
+  for (int g = 0; g < hosts; ++g) blocks[g] = {static_cast<size_t>(peers[g]) * count_per_rank, count_per_rank};
+  ring_reduce_scatter_blocks(group_of(c, peers, h), scratch, blocks.data(), count_per_rank, avg);
   push_fence(c);
   push_copy(c, scratch + c.rank * bytes, out, bytes);
 }
 
-namespace {
-
-// The two levels of the trees: this rank's host group (its leader: the root
-// on the root's host, the lowest rank elsewhere, at group index 0 or the
-// root's own index) and the leaders' group, one rank per host.
-struct Levels {
-  PlanContext intra, cross;
-  int intra_root = 0, cross_root = 0;
-  bool leader = false;
-  std::vector<int> leaders;
-};
-
-void levels_of(const PlanContext& c, int root, Levels* lv) {
-  const Topology& t = *c.topo;
-  const int h = t.host_of[c.rank], root_host = t.host_of[root];
-  lv->leaders.resize(t.hosts);
-  for (int g = 0; g < t.hosts; ++g) lv->leaders[g] = g == root_host ? root : t.members[g][0];
-  lv->leader = lv->leaders[h] == c.rank;
-  lv->intra = c;
-  lv->intra.rank = t.local_index[c.rank];
-  lv->intra.world = t.local_count(h);
-  lv->intra.members = t.members[h].data();
-  lv->intra.ring = nullptr;
-  lv->intra.ring_pos = 0;
-  lv->intra.topo = nullptr;
-  lv->intra_root = t.local_index[lv->leaders[h]];
-  lv->cross = lv->intra;
-  lv->cross.rank = h;
-  lv->cross.world = t.hosts;
-  lv->cross.members = lv->leaders.data();
-  lv->cross_root = root_host;
-}
-
-bool one_host(const PlanContext& c) { return c.topo == nullptr || c.topo->hosts == 1 || c.topo->world() != c.world; }
-
-}  // namespace
 
 void hierarchical_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
   if (one_host(c)) {
     tree_broadcast(c, root, buf, nbytes);
     return;
   }
-  Levels lv;
-  levels_of(c, root, &lv);
-  if (lv.leader) tree_broadcast(lv.cross, lv.cross_root, buf, nbytes);
+  const Topology& t = *c.topo;
+  const int h = t.host_of[c.rank];
+  const std::vector<int> leaders = leaders_of(t, root);
+  if (leaders[h] == c.rank) tree_broadcast(group_of(c, leaders, h), t.host_of[root], buf, nbytes);
   push_fence(c);
-  tree_broadcast(lv.intra, lv.intra_root, buf, nbytes);
+  tree_broadcast(host_group(c), t.local_index[leaders[h]], buf, nbytes);
 }
 
 void hierarchical_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg) {
@@ -192,17 +166,20 @@ void hierarchical_reduce(const PlanContext& c, int root, char* buf, size_t count
     tree_reduce(c, root, buf, count, scratch, avg);
     return;
   }
-  Levels lv;
-  levels_of(c, root, &lv);
+  const Topology& t = *c.topo;
+  const int h = t.host_of[c.rank];
+  const std::vector<int> leaders = leaders_of(t, root);
   // Inside the host first (no division: AVG divides once, at the root),
   // into the leader's scratch (a rank that is not the root keeps its buf
   // as it was); then among the leaders, into the root's buf.
   const size_t bytes = count * c.elem;
   char* partial = scratch + 2 * bytes;
   const bool root_here = c.rank == root;
-  tree_reduce_from(lv.intra, lv.intra_root, buf, root_here ? buf : partial, count, scratch, false);
+  tree_reduce_from(host_group(c), t.local_index[leaders[h]], buf, root_here ? buf : partial, count, scratch, false);
   push_fence(c);
-  if (lv.leader) tree_reduce_from(lv.cross, lv.cross_root, root_here ? buf : partial, buf, count, scratch, avg);
+  if (leaders[h] == c.rank) {
+    tree_reduce_from(group_of(c, leaders, h), t.host_of[root], root_here ? buf : partial, buf, count, scratch, avg);
+  }
 }
 
 }  // namespace ringcomm
