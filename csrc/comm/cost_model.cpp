@@ -57,8 +57,8 @@ StepShape shape_of(const Topology& t, To to, std::vector<int>& per_host) {
 struct Tally {
   const CostParams& p;
   Affine cost;
-  // A step in which each sender moves `frac` * S bytes (plus `fixed` bytes)
-  // and the receivers reduce `reduce_frac` * S bytes.
+  // A step in which each sender moves `frac` * S bytes and the receivers
+  // reduce `reduce_frac` * S bytes.
   void step(const StepShape& s, double frac, double reduce_frac = 0) {
     if (!s.any) return;
     const LinkCost& l = s.inter ? p.inter : p.intra;
@@ -73,7 +73,14 @@ int floor_pow2(int n) {
   return p;
 }
 
-// The ring in host-contiguous order: its cross-host edges per host.
+// Levels of a binomial tree over n ranks: ceil(log2 n).
+int ceil_log2(int n) {
+  int l = 0;
+  while ((1 << l) < n) ++l;
+  return l;
+}
+
+// The ring in the order it runs (Topology::ring): its cross-host edges per host.
 StepShape ring_shape(const Topology& t, std::vector<int>& per_host) {
   const int n = t.world();
   std::vector<int> next(n);
@@ -83,7 +90,7 @@ StepShape ring_shape(const Topology& t, std::vector<int>& per_host) {
 
 // Recursive doubling / Rabenseifner's exchange structure (algo/doubling.cpp):
 // the fold of the first 2*rem ranks, log2(p) exchanges, the unfold.
-// `frac(mask, halving)` is the share of S an exchange moves.
+// `frac(mask)` is the share of S the exchange of `mask` moves.
 template <class Frac>
 Affine doubling_cost(const Topology& t, const CostParams& p, bool rabenseifner, std::vector<int>& per_host,
                      Frac frac) {
@@ -214,9 +221,8 @@ void CostModel::build() {
   // host's link, then H intra-host rings of L-1 steps of S/n.
   if (topo_.hosts > 1 && topo_.max_local > 1 && topo_.min_local == topo_.max_local) {
     const double l = topo_.max_local, h = topo_.hosts;
-    const double inter_streams = std::ceil(l / std::max(1, p.nics));
     Affine ag{(h - 1) * p.inter.alpha + h * (l - 1) * p.intra.alpha,
-              ((h - 1) * p.inter.beta * inter_streams + h * (l - 1) * p.intra.beta) / dn};
+              ((h - 1) * p.inter.beta * link_share(p, l) + h * (l - 1) * p.intra.beta) / dn};
     Affine rs{ag.a, ag.b + ((h - 1) + h * (l - 1)) * p.gamma / dn};
     add(OpKind::kAllGather, Algo::kHierarchical, ag);
     add(OpKind::kReduceScatter, Algo::kHierarchical, rs);
@@ -234,8 +240,7 @@ void CostModel::build() {
   // Binomial trees (rooted at 0 for the model): level m, every v multiple of
   // 2m sends the whole buffer to v + m.
   {
-    int top = 1;
-    while (top < n) top <<= 1;
+    const int top = 1 << ceil_log2(n);
     Tally b{p, {}}, r{p, {}};
     for (int m = top >> 1; m >= 1; m >>= 1) {
       StepShape s = shape_of(topo_, [&](int v) { return v % (2 * m) == 0 && v + m < n ? v + m : -1; }, per_host);
@@ -249,12 +254,7 @@ void CostModel::build() {
     // Trees of trees: ceil(log2 hosts) inter-host levels, then ceil(log2
     // max_local) intra-host ones.
     if (topo_.hosts > 1 && topo_.max_local > 1) {
-      auto levels = [](int k) {
-        int l = 0;
-        while ((1 << l) < k) ++l;
-        return l;
-      };
-      const double li = levels(topo_.max_local), le = levels(topo_.hosts);
+      const double li = ceil_log2(topo_.max_local), le = ceil_log2(topo_.hosts);
       Affine hb{li * p.intra.alpha + le * p.inter.alpha + agreement, li * p.intra.beta + le * p.inter.beta};
       Affine hr{hb.a, hb.b + (li + le) * p.gamma};
       add(OpKind::kBroadcast, Algo::kHierarchical, hb);
@@ -269,12 +269,10 @@ void CostModel::build() {
     const LinkCost& l = ring.inter ? p.inter : p.intra;
     const double per_byte = l.beta + (reduces ? p.gamma : 0);
     const size_t i = add(k, Algo::kRing, {(n - 1) * l.alpha + agreement, per_byte});
-    entries_[i].chain = true;
-    entries_[i].chain_hops = n - 2;
-    entries_[i].chain_hop_beta = per_byte;
+    entries_[i].fill_hops = n - 2;
   }
   // Direct exchanges: the root (scatter, gather) or every rank (all_to_all)
-  // moves n-1 blocks of S/n; barrier: every pair exchanges a header.
+  // moves n-1 blocks of S/n; barrier: the dissemination barrier's rounds.
   {
     const double root_inter = dn - topo_.local_count(0), root_intra = topo_.local_count(0) - 1;
     Affine rooted{all_pairs_a + agreement,
@@ -292,7 +290,8 @@ void CostModel::build() {
 double CostModel::eval(const Entry& e, size_t nbytes) const {
   const double s = static_cast<double>(nbytes);
   double t = e.cost.a + e.cost.b * s;
-  if (e.chain) t += e.chain_hops * std::min<double>(s, static_cast<double>(limits_.slot_bytes)) * e.chain_hop_beta;
+  // Chains: each hop but the last also waits for the first slot to arrive.
+  t += e.fill_hops * std::min<double>(s, static_cast<double>(limits_.slot_bytes)) * e.cost.b;
   return t;
 }
 

@@ -91,9 +91,7 @@ class CostModel {
     OpKind kind;
     Algo algo;
     Affine cost;
-    bool chain = false;  // add the pipeline fill of one slot per hop
-    double chain_hop_beta = 0;
-    int chain_hops = 0;
+    int fill_hops = 0;  // chains: hops that add the pipeline fill of one slot (at cost.b per byte)
     size_t max_bytes = SIZE_MAX;  // not a candidate above this size
   };
   void build();
