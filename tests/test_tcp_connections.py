@@ -118,46 +118,38 @@ def _connection_phases(comm):
     r, ws = ctx.rank, ctx.world_size
     fails, snaps = [], {}
 
+    def snap(phase, infos):
+        """This rank's connections once every rank finished `phase` (none goes on before all looked)."""
+        _sync(ctx, phase)
+        snaps[phase] = _links(r, infos)
+        _sync(ctx, phase + " seen")
+
     ring, ring_infos = _communicator(ctx, "conn-ring", "ring")
     if ring.transports != ["self" if q == r else "tcp" for q in range(ws)]:
         fails.append(f"transports are {ring.transports}")
-    _sync(ctx, "ring-init")
-    snaps["ring init"] = _links(r, ring_infos)
-    _sync(ctx, "ring-init-seen")
+    snap("ring init", ring_infos)
     fails += _all_reduce_sizes(ring, "ring")
-    _sync(ctx, "ring-ar")
-    snaps["ring all_reduce"] = _links(r, ring_infos)
-    _sync(ctx, "ring-ar-seen")
+    snap("ring all_reduce", ring_infos)
     # The other ring schedules stay on the same links.
     for prim in ("all_gather", "reduce_scatter"):
         fails += checks.collective_matrix(ring, prims=(prim,), dtypes=("float32", "int64"), counts=(0, 7, 1000),
                                           tag="ring ", allow_default=False)
-        _sync(ctx, "ring-" + prim)
-        snaps["ring " + prim] = _links(r, ring_infos)
-        _sync(ctx, "ring-" + prim + "-seen")
+        snap("ring " + prim, ring_infos)
     # A barrier is the dissemination barrier: partners r + 1, r + 2, r + 4.
     for _ in range(3):
         ring.barrier()
-    _sync(ctx, "ring-barrier")
-    snaps["ring barrier"] = _links(r, ring_infos)
-    _sync(ctx, "ring-barrier-seen")
+    snap("ring barrier", ring_infos)
     # A chain broadcast and reduce use the ring too, but rooted calls first
     # check that every rank agrees on the call with every other
     # (Communicator::push_agreement, all pairs): that connects the full mesh.
     fails += checks.collective_matrix(ring, prims=("broadcast", "reduce"), dtypes=("float32", "int64"),
                                       counts=(0, 7, 1000), tag="ring ", allow_default=False)
-    _sync(ctx, "ring-run")
-    snaps["ring run"] = _links(r, ring_infos)
-    _sync(ctx, "ring-run-seen")
+    snap("ring run", ring_infos)
 
     rd, rd_infos = _communicator(ctx, "conn-rd", "all_reduce:recursive_doubling")
-    _sync(ctx, "rd-init")
-    snaps["rd init"] = _links(r, rd_infos)
-    _sync(ctx, "rd-init-seen")
+    snap("rd init", rd_infos)
     fails += _all_reduce_sizes(rd, "recursive doubling")
-    _sync(ctx, "rd-run")
-    snaps["rd run"] = _links(r, rd_infos)
-    _sync(ctx, "rd-run-seen")
+    snap("rd run", rd_infos)
 
     # Everyone talks to everyone: the full mesh, one connection per pair.
     for n in (0, 3, 1000):
@@ -167,8 +159,7 @@ def _connection_phases(comm):
         want = np.concatenate([np.arange(r * n, (r + 1) * n, dtype=np.int32) + 1000 * q for q in range(ws)])
         if not (out == want).all():
             fails.append(f"all_to_all of {n} per rank gave a wrong result")
-    _sync(ctx, "a2a-run")
-    snaps["all_to_all run"] = _links(r, rd_infos)
+    snap("all_to_all run", rd_infos)
 
     # Every primitive on the fully connected communicator and on the sparse one.
     fails += checks.collective_matrix(ring, dtypes=("float32", "int32"), counts=(0, 7, 1000), tag="ring-all ", allow_default=False)

@@ -16,11 +16,8 @@ namespace ringcomm {
 namespace {
 
 OpKind op_from_name(const std::string& name) {
-  for (int k = 1; k < kNumOpKinds; ++k) {
-    if (k != static_cast<int>(OpKind::kSend) && name == op_kind_name(static_cast<OpKind>(k))) {
-      return static_cast<OpKind>(k);
-    }
-  }
+  OpKind k;
+  if (collective_from_name(name, &k)) return k;
   throw ValueError("unknown collective '" + name +
                    "' (all_reduce, reduce_scatter, all_gather, broadcast, reduce, scatter, gather, all_to_all, "
                    "barrier)");

@@ -16,10 +16,8 @@ namespace ringcomm {
 namespace {
 
 OpKind op_of(const std::string& name) {
-  for (int k = 1; k < kNumOpKinds; ++k) {
-    const OpKind op = static_cast<OpKind>(k);
-    if (op != OpKind::kSend && name == op_kind_name(op)) return op;
-  }
+  OpKind k;
+  if (collective_from_name(name, &k)) return k;
   throw ValueError("check_plan: unknown collective '" + name + "'");
 }
 

@@ -22,18 +22,12 @@ bool parse_name(const std::string& s, Algo* out) {
   return false;
 }
 
-bool parse_op(const std::string& s, OpKind* out) {
-  for (int k = 1; k < kNumOpKinds; ++k) {
-    if (k == static_cast<int>(OpKind::kSend)) continue;  // send/recv: only "pull", by the single name
-    if (s == op_kind_name(static_cast<OpKind>(k))) {
-      *out = static_cast<OpKind>(k);
-      return true;
-    }
-  }
-  return false;
-}
 
 }  // namespace
+
+Algo default_algo(OpKind k) {
+  return algo_has(k, Algo::kRing) ? Algo::kRing : Algo::kDirect;
+}
 
 bool algo_has(OpKind k, Algo a) {
   switch (a) {
@@ -106,7 +100,7 @@ AlgoChoice parse_algo_choice(const std::string& text) {
     std::vector<std::string> kv = split(item, ':');
     OpKind k;
     Algo a;
-    if (kv.size() != 2 || !parse_op(kv[0], &k)) {
+    if (kv.size() != 2 || !collective_from_name(kv[0], &k)) {
       throw ValueError("algo: '" + item + "' is not <op>:<algorithm> with op one of all_reduce, reduce_scatter, "
                        "all_gather, broadcast, reduce, scatter, gather, all_to_all, barrier");
     }

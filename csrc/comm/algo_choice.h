@@ -44,6 +44,10 @@ struct AlgoChoice {
 // Throws ValueError naming what is wrong (an unknown name or op, a name the op lacks).
 AlgoChoice parse_algo_choice(const std::string& text);
 const char* algo_name(Algo a);
+// The family op `k` runs when nothing else is chosen: kRing (all_reduce,
+// reduce_scatter, all_gather; the chain for broadcast and reduce), kDirect
+// (scatter, gather, all_to_all, barrier).
+Algo default_algo(OpKind k);
 // Whether op `k` has a schedule of family `a`.
 bool algo_has(OpKind k, Algo a);
 

@@ -63,12 +63,12 @@ std::vector<double> Communicator::measure_links(int intra_peer, int inter_peer, 
     if (peer < 0 || peer == rank_) return;
     Buffer t = bytes_of(tiny), ti = bytes_of(tiny_in), g = bytes_of(big), gi = bytes_of(big_in);
     for (int i = 0; i < 8; ++i) sendrecv(t, peer, ti, peer);  // warm-up (and, over TCP, the connection)
-    // The best round: under load the spread is wide, and a slow round is
-    // the load of something else (the warm-up above gets the pair going).
     auto median_of = [](std::vector<double> xs) {
       std::sort(xs.begin(), xs.end());
       return xs[xs.size() / 2];
     };
+    // The best round: under load the spread is wide, and a slow round is
+    // the load of something else (the warm-up above gets the pair going).
     std::vector<double> rounds;
     for (int round = 0; round < 5; ++round) {
       const double t0 = now();

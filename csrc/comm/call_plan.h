@@ -20,9 +20,10 @@ struct CallPlan {
   size_t count = 0;
   int root = -1;
   bool avg = false;
-  // The schedule family, already resolved (no kAuto left but "the default
-  // family": ring for all_reduce, reduce_scatter and all_gather, the chain
-  // for broadcast and reduce, direct exchanges for the rest). kPull needs
+  // The schedule family, already resolved; kAuto, like default_algo()'s
+  // kRing / kDirect, runs the op's default family (ring for all_reduce,
+  // reduce_scatter and all_gather, the chain for broadcast and reduce,
+  // direct exchanges for the rest). kPull needs
   // PlanContext::addrs (CPU only), kHierarchical PlanContext::topo.
   Algo algo = Algo::kAuto;
   // Families that need it (scratch_bytes): memory of the buffers' device.

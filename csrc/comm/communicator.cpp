@@ -58,6 +58,7 @@ Communicator::Communicator(int rank, int world, Config config)
       small_in_(world),
       addrs_(world),
       ring_order_(world),
+      model_(Topology{}, default_cost_params(), ModelLimits{}),
       send_seq_(world),
       recv_seq_(world) {
   schedule_.reserve(1024);
@@ -118,7 +119,7 @@ void Communicator::set_ring_order(const std::vector<int>& order) {
   ring_identity_ = true;
   for (int i = 0; i < world_; ++i) ring_identity_ = ring_identity_ && order[i] == i;
   topo_.ring = ring_order_;
-  rebuild_model();
+  rebuild_model(model_.params());
 }
 
 void Communicator::set_topology(const std::vector<int>& labels) {
@@ -128,26 +129,22 @@ void Communicator::set_topology(const std::vector<int>& labels) {
   }
   topo_ = Topology::from_hosts(labels);
   topo_.ring = ring_order_;  // the order the rings really run in (set_ring_order)
-  rebuild_model();
+  rebuild_model(model_.params());
 }
 
-void Communicator::set_cost_params(const CostParams& p) {
-  model_ = CostModel(topo_, p, model_.limits());
-  rebuild_model();
-}
+void Communicator::set_cost_params(const CostParams& p) { rebuild_model(p); }
 
 // The model over the current topology and parameters, and what it implies
 // for the latency path: small all_reduce calls run one-shot in one segment
 // up to the largest size `auto` picks one-shot for (the region where a
 // family with the smallest fixed cost wins starts at 0), so the latency
 // path and explain() never disagree.
-void Communicator::rebuild_model() {
+void Communicator::rebuild_model(CostParams params) {
   ModelLimits lim;
   lim.slot_bytes = config_.slot_bytes;
   lim.oneshot_max_bytes = config_.oneshot_max_bytes;
   lim.check_agreement = config_.check_agreement;
-  const CostParams params = model_.params().source.empty() ? default_cost_params() : model_.params();
-  model_ = CostModel(topo_, params, lim);
+  model_ = CostModel(topo_, std::move(params), lim);
   const Algo ar = algos_.of(OpKind::kAllReduce);
   const size_t cap = std::min(config_.oneshot_max_bytes, config_.slot_bytes);
   if (ar == Algo::kOneShot) {
@@ -170,13 +167,7 @@ void Communicator::rebuild_model() {
 
 std::vector<std::pair<std::string, double>> Communicator::explain(OpKind kind, size_t nbytes) const {
   std::vector<std::pair<std::string, double>> out;
-  const Algo run = resolve_algo(kind, nbytes);
-  const Algo first = run == Algo::kAuto ? (kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter ||
-                                                   kind == OpKind::kAllGather || kind == OpKind::kBroadcast ||
-                                                   kind == OpKind::kReduce
-                                               ? Algo::kRing
-                                               : Algo::kDirect)
-                                        : run;
+  const Algo first = resolve_algo(kind, nbytes);
   bool listed = false;
   for (const Prediction& p : model_.predict(kind, nbytes)) {
     if (p.algo == first) {
@@ -709,10 +700,9 @@ Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
   // Collectives use the FIFO schedules unless pull is forced: measured here,
   // their cache-resident slots beat the kernel's cross-process copy (README,
   // Performance).
-  if (forced == Algo::kPull) return pull_ok_ ? Algo::kPull : Algo::kAuto;
+  if (forced == Algo::kPull) return pull_ok_ ? Algo::kPull : default_algo(kind);
   if (forced != Algo::kAuto) return forced;
-  const Algo a = model_.pick(kind, bytes);
-  return a == Algo::kDirect ? Algo::kAuto : a;
+  return model_.pick(kind, bytes);
 }
 
 // Rooted schedules do not make every rank hear from every other (a chain

@@ -192,7 +192,8 @@ class Communicator {
   void plan(Call& call);
   Algo resolve_algo(const Call& c) const;
   Algo resolve_algo(OpKind kind, size_t model_bytes) const;
-  void rebuild_model();
+  // The model over topo_ with `params` (a copy: it may be model_'s own).
+  void rebuild_model(CostParams params);
   void plan_p2p(Call& call, const PlanContext& ctx);
   void worker_loop();
   void run_front(std::unique_lock<std::mutex>& lk);

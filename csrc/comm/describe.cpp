@@ -22,6 +22,17 @@ const char* op_kind_name(OpKind k) {
   return "unknown";
 }
 
+bool collective_from_name(const std::string& name, OpKind* out) {
+  for (int k = static_cast<int>(OpKind::kAllReduce); k <= static_cast<int>(OpKind::kBarrier); ++k) {
+    const OpKind op = static_cast<OpKind>(k);
+    if (op != OpKind::kSend && name == op_kind_name(op)) {
+      *out = op;
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string describe_tag(const MsgTag& t) {
   std::string s = op_kind_name(static_cast<OpKind>(t.kind));
   s += "(seq " + std::to_string(t.seq);

@@ -108,9 +108,10 @@ class Communicator:
                 bad = [r for r in range(world_size) if tcp[r] and infos[r].get("tcp") is None]
                 raise RingcommError(f"ringcomm: rank(s) {bad} published no TCP address but must be reached over TCP")
             local = [r for r in range(world_size) if not tcp[r]]
+            labels = self.host_labels(infos)
             if config.ring_order == "host":
                 native.set_ring_order(self.host_contiguous_order(infos))
-            native.set_topology(self.host_labels(infos))
+            native.set_topology(labels)
             alive = bootstrap.liveness_check(rank, infos, local)
             # 2. Shared memory among the ranks of this host.
             name = native.create_segment(local)
@@ -145,8 +146,8 @@ class Communicator:
             if cost_params is not None:
                 native.set_cost_params(cost_params)
             else:
-                cost_model.agree(native, store, f"{prefix}/cost", rank, world_size, mode, given,
-                                 self.host_labels(infos), config.timeout_s)
+                cost_model.agree(native, store, f"{prefix}/cost", rank, world_size, mode, given, labels,
+                                 config.timeout_s)
             self._tune_waiting(native, info, infos, config, any(tcp))
         except BaseException:
             # A peer that died during init cannot unlink its own segment.
@@ -166,10 +167,7 @@ class Communicator:
         the network once per host boundary whatever the placement (ranks 0, 2
         on one host and 1, 3 on another: 0 2 1 3, two network hops, not four).
         Every rank computes the same order from the census."""
-        hosts = {}
-        for r, info in enumerate(infos):
-            hosts.setdefault(info["host"], []).append(r)
-        return [r for members in hosts.values() for r in members]
+        return [r for members in cost_model.ranks_by_host(Communicator.host_labels(infos)) for r in members]
 
     @staticmethod
     def host_labels(infos):

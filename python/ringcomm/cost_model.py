@@ -116,14 +116,20 @@ def model(hosts, ranks_per_host=None, params=None, *, slot_bytes=128 * 1024, one
 SAMPLE_PAIRS = 8
 
 
+def ranks_by_host(host_labels):
+    """Each host's ranks, ascending; hosts in the order of their lowest rank
+    (as the native Topology numbers them)."""
+    hosts = {}
+    for r, h in enumerate(host_labels):
+        hosts.setdefault(h, []).append(r)
+    return list(hosts.values())
+
+
 def measuring_pairs(host_labels):
     """The pairs that measure, all at once (comm/calibrate.cpp): inside each
     host local indices (2i, 2i+1); across hosts (2j, 2j+1) in host order,
     equal local index. Returns (intra, inter): lists of (a, b), a < b."""
-    hosts = {}
-    for r, h in enumerate(host_labels):
-        hosts.setdefault(h, []).append(r)
-    members = list(hosts.values())
+    members = ranks_by_host(host_labels)
     intra = [(m[i], m[i + 1]) for m in members for i in range(0, len(m) - 1, 2)]
     inter = [(min(x, y), max(x, y)) for j in range(0, len(members) - 1, 2)
              for x, y in zip(members[j], members[j + 1])]
@@ -133,7 +139,9 @@ def measuring_pairs(host_labels):
 _FIGURES = ("alpha", "beta", "overhead")
 
 
-def _median(values, where):
+def median(values, where):
+    """The middle one of `values` (the upper of the two for an even count),
+    each checked to be a finite number (`where` names them)."""
     for v in values:
         _number(v, f"measured {where}", -math.inf, math.inf)
     values = sorted(values)
@@ -181,7 +189,7 @@ def agree(native, store, prefix, rank, world_size, mode, given, host_labels, tim
             if any(not isinstance(x, dict) for x in recs):
                 raise ValueError(f"ringcomm: a {link}-host figure in the store is malformed: {recs!r:.200}")
             if recs:
-                params[link] = {k: _median([x.get(k) for x in recs], f"{link}.{k}") for k in _FIGURES}
+                params[link] = {k: median([x.get(k) for x in recs], f"{link}.{k}") for k in _FIGURES}
         if inter:
             # The inter-host pairs of one host measured at once, sharing its
             # link: each saw its share of the bandwidth. The model charges a

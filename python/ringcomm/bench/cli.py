@@ -283,13 +283,10 @@ class Sweep:
             return 1
         runs = [ring.comm.recalibrate() for _ in range(self.args.calibrate_runs)]
 
-        def median(xs):
-            xs = sorted(xs)
-            return xs[len(xs) // 2]
-
-        params = {link: {k: median([r[link][k] for r in runs]) for k in ("alpha", "beta", "overhead")}
+        params = {link: {k: cost_model.median([r[link][k] for r in runs], f"{link}.{k}")
+                         for k in ("alpha", "beta", "overhead")}
                   for link in ("intra", "inter")}
-        params["gamma"] = median([r["gamma"] for r in runs])
+        params["gamma"] = cost_model.median([r["gamma"] for r in runs], "gamma")
         hosts = self.control.gather_objects(machine_facts())
         topo = ring.comm.host_of()
         measured = {"intra": any(topo.count(h) > 1 for h in set(topo)), "inter": len(set(topo)) > 1}
