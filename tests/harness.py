@@ -95,6 +95,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_TCP_STATES = {"01": "established", "0A": "listen"}
+
+
+def tcp_sockets() -> list:
+    """(local port, remote port, state) of every TCP socket this process holds."""
+    inodes = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[9] in inodes:
+                local, remote = (int(c.rsplit(":", 1)[1], 16) for c in (cols[1], cols[2]))
+                out.append((local, remote, _TCP_STATES.get(cols[3], cols[3])))
+    return out
+
+
 def _die_with_parent() -> None:
     # If pytest is killed, the ranks must not linger (Linux only; best effort).
     try:

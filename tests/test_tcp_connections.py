@@ -11,7 +11,7 @@ The connections are read from the kernel (/proc/self/fd and /proc/net/tcp): a
 socket belongs to a communicator when its local port is that communicator's
 listening port (accepted, or the listener itself) or its remote port is a peer's
 (dialled); the two ends of an accepted connection are matched by the dialler's
-local port.
+local port and the rank it dialled.
 """
 
 import json
@@ -26,34 +26,6 @@ import pytest
 import checks
 import harness
 
-TCP_STATES = {"01": "established", "0A": "listen"}
-
-
-def _my_sockets():
-    """(local port, remote port, state) of every TCP socket this process holds."""
-    inodes = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if cols[9] in inodes:
-                local, remote = (int(c.rsplit(":", 1)[1], 16) for c in (cols[1], cols[2]))
-                out.append((local, remote, TCP_STATES.get(cols[3], cols[3])))
-    return out
-
-
 def _links(rank, infos):
     """This rank's sockets of the communicator whose census is `infos`: the peers it
     dialled (with the local port), the remote ports of those it accepted, and
@@ -61,7 +33,7 @@ def _links(rank, infos):
     mine = infos[rank]["tcp"][1]
     peer_of = {int(i["tcp"][1]): q for q, i in enumerate(infos) if q != rank}
     dialled, accepted, listening = [], [], False
-    for local, remote, state in _my_sockets():
+    for local, remote, state in harness.tcp_sockets():
         if state == "listen" and local == mine:
             listening = True
         elif state == "established" and local == mine:
@@ -174,16 +146,19 @@ def _edges(snaps, phase, ws):
     """The connections of one phase as {frozenset({a, b}): count}, and the failures
     found in matching the two ends of each."""
     fails, edges = [], {}
+    # Keyed by (the dialler's local port, the rank dialled): the kernel gives the
+    # same ephemeral port to connections towards different peers (the 4-tuple is
+    # what must be unique), so a local port alone names no connection.
     by_port = {}
     for r in range(ws):
         for peer, local in snaps[r][phase]["dialled"]:
             edges[frozenset((r, peer))] = edges.get(frozenset((r, peer)), 0) + 1
-            by_port[local] = (r, peer)
+            by_port[(local, peer)] = r
     for r in range(ws):
         for remote in snaps[r][phase]["accepted"]:
-            if remote not in by_port or by_port[remote][1] != r:
+            if (remote, r) not in by_port:
                 fails.append(f"{phase}: rank {r} holds an accepted connection from port {remote} that no rank dialled")
-    dialled_to = {r: sum(1 for d, p in by_port.values() if p == r) for r in range(ws)}
+    dialled_to = {r: sum(1 for (_, p) in by_port if p == r) for r in range(ws)}
     for r in range(ws):
         if len(snaps[r][phase]["accepted"]) != dialled_to[r]:
             fails.append(f"{phase}: rank {r} accepted {len(snaps[r][phase]['accepted'])} connections, "
