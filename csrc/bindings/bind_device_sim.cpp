@@ -1,6 +1,8 @@
-// Test hook: runs one collective of the GPU "ring" family through the device
-// executor over the in-process NCCL stand-in (comm/device_sim.h), all ranks
-// on threads of this process, on numpy buffers. Not part of the public API.
+// Test hooks for the GPU path's logic, which runs without a GPU: one collective
+// of the GPU "ring" family through the device executor over the in-process
+// NCCL stand-in (comm/device_sim.h), all ranks on threads of this process, on
+// numpy buffers; and the rule that picks a GPU call's family (comm/gpu_algo.h).
+// Not part of the public API.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +13,7 @@
 #include "bindings/buffers.h"
 #include "comm/call_plan.h"
 #include "comm/device_sim.h"
+#include "comm/gpu_algo.h"
 
 namespace py = pybind11;
 
@@ -79,6 +82,19 @@ void bind_device_sim(py::module_& m) {
       },
       py::arg("kind"), py::arg("outs"), py::arg("ins"), py::arg("op"), py::arg("root"), py::arg("chunk_bytes"),
       py::arg("timeout_s") = 10.0, py::arg("algo") = "auto");
+  // GpuCommunicator::choose without a communicator: "nccl" or "ring", or the
+  // ValueError a GPU call would raise.
+  m.def(
+      "_gpu_family",
+      [](const std::string& algo, const std::string& communicator_default, int dtype, int op, bool reduces) {
+        if (dtype < 0 || dtype >= kNumDataTypes || op < 0 || op >= kNumReduceOps) {
+          throw ValueError("_gpu_family: dtype or op code out of range");
+        }
+        return std::string(gpu_algo_name(choose_gpu_family(parse_gpu_algo(algo), parse_gpu_algo(communicator_default),
+                                                           static_cast<DataType>(dtype), static_cast<ReduceOp>(op),
+                                                           reduces)));
+      },
+      py::arg("algo"), py::arg("communicator_default"), py::arg("dtype"), py::arg("op"), py::arg("reduces"));
 }
 
 }  // namespace ringcomm

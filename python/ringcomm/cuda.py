@@ -18,7 +18,9 @@ gets the operation queued on itself (NCCL and ringcomm's kernels are capturable)
 
 Algorithms (``algo=`` per call, or RINGCOMM_GPU_ALGO): "nccl" (NCCL's collective),
 "ring" (ringcomm's schedules over NCCL send/recv with ringcomm's CUDA kernels), "auto"
-(nccl where NCCL has the dtype and op; ring for bool and the bitwise ops).
+(nccl where NCCL reduces alike; ring for bool, the bitwise ops and floating-point MIN/MAX,
+whose NCCL versions drop NaN where ringcomm propagates it: "nccl" forced on those raises
+ValueError; the rule is csrc/comm/gpu_algo.h).
 """
 import os
 import threading

@@ -3,11 +3,30 @@ import enum
 
 
 class ReduceOp(enum.IntEnum):
+    """How all_reduce, reduce and reduce_scatter combine the ranks' values, element by element.
+
+    NaN propagates, with one semantics on every device and algorithm (CPU and GPU,
+    ring, one-shot, recursive doubling, Rabenseifner, trees, chains, hierarchical, pull,
+    NCCL): a NaN in any rank's input at a position makes that position NaN in the
+    result, on every rank that receives it, whatever the order of the fold.
+
+    - SUM, PROD: IEEE arithmetic (NaN in, NaN out; also inf + -inf, 0 * inf). Integers
+      wrap around like numpy.
+    - MIN, MAX: NaN if any input is NaN, like torch.minimum / torch.maximum and
+      numpy.minimum / numpy.maximum (not fmin / fmax, which drop NaN). NCCL's own
+      floating-point MIN/MAX drop NaN, so on GPUs ``algo="auto"`` runs ringcomm's
+      kernels for them and ``algo="nccl"`` refuses them (ValueError). On bool, MIN is
+      logical and, MAX logical or.
+    - AVG: SUM, then divided by the world size (NaN stays NaN; integers truncate
+      toward zero).
+    - BAND, BOR, BXOR: bitwise, on integers and bool.
+    """
+
     SUM = 0
     PROD = 1
     MIN = 2
     MAX = 3
-    AVG = 4  # sum, then divided by the world size (integers truncate toward zero)
+    AVG = 4
     BAND = 5
     BOR = 6
     BXOR = 7

@@ -59,13 +59,6 @@ void require_count(size_t got, size_t want, const char* what, const char* arg) {
 
 }  // namespace
 
-GpuAlgo parse_gpu_algo(const std::string& name) {
-  if (name == "auto" || name.empty()) return GpuAlgo::kAuto;
-  if (name == "nccl") return GpuAlgo::kNccl;
-  if (name == "ring") return GpuAlgo::kRing;
-  throw ValueError("ringcomm: GPU algorithm '" + name + "' is not one of auto, nccl, ring");
-}
-
 GpuCommunicator::GpuCommunicator(int rank, int world, int device, const std::string& nccl_unique_id,
                                  double timeout_s, size_t chunk_bytes, GpuAlgo default_algo)
     : rank_(rank),
@@ -237,17 +230,7 @@ void GpuCommunicator::check_open() {
 }
 
 GpuAlgo GpuCommunicator::choose(GpuAlgo algo, DataType dtype, ReduceOp op, bool reduces) const {
-  if (algo == GpuAlgo::kAuto) algo = default_algo_;
-  // Calls that only move data go to NCCL as bytes: any dtype will do.
-  const bool nccl_can = !reduces || (nccl_dtype(dtype) >= 0 && nccl_op(op) >= 0);
-  if (algo == GpuAlgo::kAuto) return nccl_can ? GpuAlgo::kNccl : GpuAlgo::kRing;
-  if (algo == GpuAlgo::kNccl && !nccl_can) {
-    throw ValueError(std::string("ringcomm: NCCL has no ") +
-                     (nccl_dtype(dtype) < 0 ? std::string("dtype ") + dtype_name(dtype)
-                                            : std::string("reduce op ") + reduce_op_name(op)) +
-                     "; use algo='ring' (or 'auto')");
-  }
-  return algo;
+  return choose_gpu_family(algo, default_algo_, dtype, op, reduces);
 }
 
 template <class Body>

@@ -13,7 +13,8 @@
 // Families: "nccl" calls NCCL's own collective; "ring" runs ringcomm's
 // schedules (csrc/algo) over NCCL send/recv with ringcomm's CUDA kernels.
 // AVG is always SUM then ringcomm's divide kernel, so both families round
-// alike. NCCL has no bitwise ops and no bool: those go to "ring" under auto.
+// alike. Which family a call runs: comm/gpu_algo.h (bool, the bitwise ops and
+// floating-point MIN/MAX go to "ring" under auto).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,12 +33,10 @@
 #include "comm/device_executor.h"
 #include "comm/call_plan.h"
 #include "comm/cuda/gpu_work.h"
+#include "comm/gpu_algo.h"
 #include "transport/nccl/nccl_comm.h"
 
 namespace ringcomm {
-
-enum class GpuAlgo { kAuto, kNccl, kRing };
-GpuAlgo parse_gpu_algo(const std::string& name);  // "auto" | "nccl" | "ring"; ValueError otherwise
 
 class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
  public:
@@ -81,7 +80,8 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   void abort(const std::string& why);
   // Waits for queued work, destroys the NCCL communicator and the stream.
   void close();
-  // The family a call of this kind, dtype and op runs under `algo`.
+  // The family a call of this kind, dtype and op runs under `algo`
+  // (choose_gpu_family with this communicator's default).
   GpuAlgo choose(GpuAlgo algo, DataType dtype, ReduceOp op, bool reduces) const;
 
  private:
