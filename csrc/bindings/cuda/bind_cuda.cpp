@@ -48,9 +48,15 @@ void bind_cuda(py::module_& m) {
     int runtime = 0, driver = 0;
     cudaRuntimeGetVersion(&runtime);
     cudaDriverGetVersion(&driver);
+    // Why no device is seen, when none is ("CUDA driver version is
+    // insufficient for CUDA runtime version", "no CUDA-capable device").
+    int devices = 0;
+    const cudaError_t query = cudaGetDeviceCount(&devices);
+    cudaGetLastError();
     py::dict d;
     d["runtime"] = runtime;
     d["driver"] = driver;
+    d["device_query"] = std::string(cudaGetErrorString(query));
     return d;
   });
   m.def("cuda_pointer_device", [](uintptr_t ptr) {

@@ -1,0 +1,64 @@
+"""The verdict on one pytest run of scripts/gpu_check.sh, read from its JUnit XML:
+
+    python scripts/gpu_check_report.py [--show N] JUNIT.xml
+
+prints one line ("12 passed, 0 failed, 0 errors, 0 skipped") and, for a run that is
+not a pass, the first N (default 4) tests that failed, erred or were skipped with pytest's
+reason. Exit status 0 only when at least one test ran and none failed, erred or was
+skipped: on a GPU machine a skipped GPU test means the GPU path was not checked
+(no device seen, a driver too old for the CUDA runtime, NCCL missing), which must
+never read as green. A missing or unreadable report (pytest killed at its time
+limit) is a failure too.
+"""
+
+import sys
+import xml.etree.ElementTree as ET
+
+
+def verdict(path, shown=4):
+    """(ok, lines)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as e:
+        return False, [f"no readable JUnit report ({type(e).__name__}: {e}); pytest was probably killed at its "
+                       "time limit: see its log"]
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    bad = []
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}".strip(":")
+        kinds = {child.tag for child in case}
+        kind = ("failed" if "failure" in kinds else "errors" if "error" in kinds
+                else "skipped" if "skipped" in kinds else "passed")
+        counts[kind] += 1
+        if kind != "passed":
+            child = case.find({"failed": "failure", "errors": "error", "skipped": "skipped"}[kind])
+            why = (child.get("message") or (child.text or "")).strip().splitlines()
+            bad.append(f"{kind.rstrip('s') if kind != 'errors' else 'error'}: {name}: {why[0][:160] if why else ''}")
+    total = sum(counts.values())
+    head = ", ".join(f"{v} {k}" for k, v in counts.items())
+    ok = total > 0 and counts["passed"] == total
+    lines = [head]
+    if total == 0:
+        lines.append("no test ran")
+    elif counts["skipped"] and not ok:
+        lines.append("skipped GPU tests count as failures: the GPU path was not checked")
+    lines += bad[:shown]
+    if len(bad) > shown:
+        lines.append(f"... and {len(bad) - shown} more (see the log)")
+    return ok, lines
+
+
+def main(argv):
+    shown = 4
+    if len(argv) == 4 and argv[1] == "--show" and argv[2].isdigit():
+        shown, argv = int(argv[2]), argv[:1] + argv[3:]
+    if len(argv) != 2:
+        print("usage: gpu_check_report.py [--show N] JUNIT.xml", file=sys.stderr)
+        return 2
+    ok, lines = verdict(argv[1], shown)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,156 @@
+"""scripts/gpu_check.sh on this GPU-less machine, as far as a CPU gets: its argument
+handling, its two outputs (summary.txt and the archive of every log), that it fails
+saying plainly that no GPU was found (skipped GPU tests count as failures, never as a
+pass), and that a step that hangs is cut at the budget with its log kept.
+scripts/gpu_check_report.py's verdicts on JUnit reports, and scripts/gpu_env.py's
+reading of /proc/self/maps, are checked on their own."""
+
+import os
+import stat
+import subprocess
+import sys
+import tarfile
+import textwrap
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "scripts", "gpu_check.sh")
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+import gpu_check_report  # noqa: E402
+import gpu_env  # noqa: E402
+
+
+def _run(args, timeout=150, python=sys.executable, cwd=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
+    env["PYTHON"] = python
+    t = time.monotonic()
+    r = subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                       cwd=cwd or REPO)
+    return r, time.monotonic() - t
+
+
+def _archive(out):
+    with tarfile.open(os.path.join(out, "gpu_check.tar.gz")) as tar:
+        return {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--bogus"], "unknown option --bogus"),
+    (["--budget"], "--budget needs a number"),
+    (["--budget", "abc"], "whole number of seconds"),
+    (["--budget=5"], "between 20 and 470"),
+    (["--budget", "600"], "between 20 and 470"),
+    (["a", "b"], "one OUT_DIR at most"),
+])
+def test_bad_arguments_are_a_usage_error(tmp_path, args, says):
+    r, _ = _run(args, timeout=30, cwd=tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert says in r.stderr and "usage: scripts/gpu_check.sh" in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == [], "a usage error must create nothing"
+
+
+def test_help():
+    r, _ = _run(["--help"], timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith("usage: scripts/gpu_check.sh"), r.stdout
+    for flag in ("--quick", "--no-build", "--no-sanitizer", "--budget", "OUT_DIR"):
+        assert flag in r.stdout
+
+
+def test_without_a_gpu_it_fails_and_says_so(tmp_path):
+    out = tmp_path / "relative-out"
+    r, took = _run(["--no-build", "--budget", "120", "relative-out"], cwd=tmp_path)
+    assert r.returncode == 1, (r.stdout[-3000:], r.stderr[-2000:])
+    assert sorted(os.listdir(out)) == ["gpu_check.tar.gz", "summary.txt"], "exactly two files, for the 8-file limit"
+    summary = (out / "summary.txt").read_text()
+    lines = summary.splitlines()
+    assert lines[0].startswith("RESULT: FAIL") and "NO GPU FOUND" in lines[0], lines[0]
+    assert len(lines) <= 45, f"more than a screen: {len(lines)} lines"
+    assert "FAIL  gpu                NO GPU FOUND: no GPU found" in summary
+    # The GPU tests ran and skipped, and that is a failure, not a pass.
+    for step in ("gpu_tests", "gpu_checks"):
+        row = next(l for l in lines if f" {step} " in l)
+        assert "FAIL" in row and "skipped" in row, row
+    assert "skipped GPU tests count as failures" in summary
+    assert "SKIP  sweep" in summary and "SKIP  build" in summary
+    assert "libnccl loaded:" in summary and "CUDA runtime (linked into ringcomm)" in summary
+    assert summary in r.stdout, "the summary is printed at the end"
+    files = _archive(out)
+    assert files["gpu_check/summary.txt"] == summary
+    for name in ("env.txt", "machine.txt", "gpu_tests.log", "gpu_tests.xml", "gpu_checks.log", "gpu_checks.xml"):
+        assert f"gpu_check/{name}" in files, sorted(files)
+    assert "GPU_FOUND=0" in files["gpu_check/env.txt"]
+    # pytest ran unbuffered and verbose, with the slowest tests listed.
+    log = files["gpu_check/gpu_checks.log"]
+    assert "-v -rA --durations=15" in log and "SKIPPED" in log and "slowest" in log, log[:2000]
+    assert took < 120
+
+
+def test_a_hung_step_is_cut_at_the_budget(tmp_path):
+    """PYTHON is a stand-in whose pytest hangs: with --quick and a 40 s budget the
+    script still ends within the budget, says which steps timed out, and the
+    archive holds their logs."""
+    fake = tmp_path / "python"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        if [ "$1" = -m ] && [ "$2" = pytest ]; then echo "pytest hangs here"; exec sleep 600; fi
+        exec {sys.executable} "$@"
+    """))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "out"
+    r, took = _run(["--quick", "--no-build", "--budget=40", str(out)], python=str(fake), timeout=120)
+    assert r.returncode == 1, (r.stdout[-3000:], r.stderr[-2000:])
+    assert took < 40 + 10, f"the run took {took:.0f} s against a 40 s budget"
+    summary = (out / "summary.txt").read_text()
+    assert summary.startswith("RESULT: FAIL")
+    assert "--quick" in summary.splitlines()[1]
+    row = next(l for l in summary.splitlines() if " gpu_tests " in l)
+    assert "TIMED OUT" in row, summary
+    row = next(l for l in summary.splitlines() if " gpu_checks " in l)
+    assert "TIMED OUT" in row or "not run: out of time" in row, summary
+    files = _archive(out)
+    assert "pytest hangs here" in files["gpu_check/gpu_tests.log"]
+    assert "[exit 124" in files["gpu_check/gpu_tests.log"]
+
+
+# ------------------------------------------------------------ the helpers alone
+
+def _junit(tmp_path, cases):
+    body = "".join(f'<testcase classname="tests.t" name="{n}">{inner}</testcase>' for n, inner in cases)
+    p = tmp_path / "j.xml"
+    p.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{body}</testsuite></testsuites>')
+    return str(p)
+
+
+def test_report_passes_only_when_every_test_ran_and_passed(tmp_path):
+    ok, lines = gpu_check_report.verdict(_junit(tmp_path, [("a", ""), ("b", "")]))
+    assert ok and lines == ["2 passed, 0 failed, 0 errors, 0 skipped"]
+    ok, lines = gpu_check_report.verdict(_junit(tmp_path, [("a", ""), ("b", '<skipped message="no CUDA device"/>')]))
+    assert not ok and "1 skipped" in lines[0] and "count as failures" in lines[1]
+    assert "skipped: tests.t::b: no CUDA device" in lines[2]
+    ok, lines = gpu_check_report.verdict(_junit(tmp_path, [("a", '<failure message="assert 1 == 2"/>')]))
+    assert not ok and "1 failed" in lines[0] and "failed: tests.t::a: assert 1 == 2" in lines
+    ok, lines = gpu_check_report.verdict(_junit(tmp_path, [("a", '<error message="fixture broke"/>')]))
+    assert not ok and "1 errors" in lines[0]
+    ok, lines = gpu_check_report.verdict(_junit(tmp_path, []))
+    assert not ok and "no test ran" in lines
+    ok, lines = gpu_check_report.verdict(str(tmp_path / "missing.xml"))
+    assert not ok and "killed" in lines[0]
+    many = [(f"t{i}", '<skipped message="x"/>') for i in range(9)]
+    ok, lines = gpu_check_report.verdict(_junit(tmp_path, many), 2)
+    assert lines[-1] == "... and 7 more (see the log)"
+
+
+def test_mapped_nccl_libraries_are_read_from_maps(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n"
+        "7f02-7f03 r-xp 00000000 08:01 2 /site/nvidia/nccl/lib/libnccl.so.2\n"
+        "7f04-7f05 r--p 00001000 08:01 2 /site/nvidia/nccl/lib/libnccl.so.2\n"
+        "7f06-7f07 rw-p 00000000 00:00 0 \n"
+        "7f08-7f09 r-xp 00000000 08:01 3 /opt/torch/lib/libnccl.so.2.27.3\n")
+    assert gpu_env.mapped_nccl_libraries(str(maps)) == [
+        "/site/nvidia/nccl/lib/libnccl.so.2", "/opt/torch/lib/libnccl.so.2.27.3"]
+    assert gpu_env.mapped_nccl_libraries(str(tmp_path / "none"))[0].startswith("(cannot read")
