@@ -102,10 +102,15 @@ archive() {
   tar -C "$WORKROOT" -czf "$OUT/gpu_check.tar.gz.part" gpu_check 2>/dev/null &&
     mv -f "$OUT/gpu_check.tar.gz.part" "$OUT/gpu_check.tar.gz"
 }
+# write_summary [RUNNING]: RUNNING names the step under way for the summaries
+# written before each step, so that a run killed from outside never leaves one
+# that reads as a pass.
 write_summary() {
-  local n result
+  local n result running=${1:-}
   n=$(wc -l < "$W/problems.txt")
-  if [ "$n" -eq 0 ] && [ $GPU = 1 ]; then
+  if [ -n "$running" ]; then
+    result="RESULT: FAIL (incomplete: the run stopped during $running; $n problem$([ "$n" = 1 ] || echo s) before it)"
+  elif [ "$n" -eq 0 ] && [ $GPU = 1 ]; then
     result="RESULT: PASS"
   else
     result="RESULT: FAIL ($n problem$([ "$n" = 1 ] || echo s)$([ $GPU = 1 ] || echo '; NO GPU FOUND'))"
@@ -154,13 +159,13 @@ run_step() {
   fi
   local t=$(date +%s)
   echo "\$ $*   (limit $limit s)" > "$W/$log"
+  write_summary "$log"
+  archive
   timeout -s ABRT -k 5 "$limit" "$@" >> "$W/$log" 2>&1 < /dev/null
   RC=$?
   TOOK=$(( $(date +%s) - t ))
   [ $RC -ne 137 ] || RC=124
   echo "[exit $RC after $TOOK s, limit $limit s]" >> "$W/$log"
-  write_summary
-  archive
 }
 # why_not NAME: the summary text for RC 124 / 125 / other.
 why_not() {

@@ -1,7 +1,8 @@
 """The GPU path on one GPU (NCCL refuses two ranks of one communicator on one GPU, so the
 communicators here have world size 1; multi-rank GPU runs go through the CUDA-IPC
 transport). Everything here needs a CUDA GPU, torch with CUDA and NCCL, and skips with
-the reason otherwise. scripts/gpu_check.sh runs this file and a short GPU sweep.
+the reason otherwise. scripts/gpu_check.sh runs this file, tests/test_gpu_checks.py (what
+world size 1 otherwise never reaches) and a short GPU sweep.
 
 - kernels: every dtype x op of ringcomm's CUDA kernels against the CPU kernels, bit for
   bit (NaN payloads aside), aligned and misaligned, in place;

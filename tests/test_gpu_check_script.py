@@ -88,10 +88,8 @@ def test_without_a_gpu_it_fails_and_says_so(tmp_path):
     assert took < 120
 
 
-def test_a_hung_step_is_cut_at_the_budget(tmp_path):
-    """PYTHON is a stand-in whose pytest hangs: with --quick and a 40 s budget the
-    script still ends within the budget, says which steps timed out, and the
-    archive holds their logs."""
+def _hanging_python(tmp_path):
+    """A stand-in for PYTHON whose pytest hangs (everything else is the real one)."""
     fake = tmp_path / "python"
     fake.write_text(textwrap.dedent(f"""\
         #!/bin/bash
@@ -99,6 +97,13 @@ def test_a_hung_step_is_cut_at_the_budget(tmp_path):
         exec {sys.executable} "$@"
     """))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return fake
+
+
+def test_a_hung_step_is_cut_at_the_budget(tmp_path):
+    """PYTHON's pytest hangs: with --quick and a 40 s budget the script still ends
+    within the budget, says which steps timed out, and the archive holds their logs."""
+    fake = _hanging_python(tmp_path)
     out = tmp_path / "out"
     r, took = _run(["--quick", "--no-build", "--budget=40", str(out)], python=str(fake), timeout=120)
     assert r.returncode == 1, (r.stdout[-3000:], r.stderr[-2000:])
@@ -113,6 +118,31 @@ def test_a_hung_step_is_cut_at_the_budget(tmp_path):
     files = _archive(out)
     assert "pytest hangs here" in files["gpu_check/gpu_tests.log"]
     assert "[exit 124" in files["gpu_check/gpu_tests.log"]
+
+
+def test_a_run_killed_from_outside_leaves_an_incomplete_failure(tmp_path):
+    """Killed (SIGKILL, as a device time limit does) while a step runs: what is left
+    in OUT_DIR says FAIL, incomplete, and which step was running; never PASS."""
+    fake = _hanging_python(tmp_path)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
+    env["PYTHON"] = str(fake)
+    p = subprocess.Popen(["bash", SCRIPT, "--no-build", "--budget", "120", str(out)], env=env, cwd=REPO,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        summary = ""
+        while time.monotonic() < deadline and "gpu_tests.log" not in summary:
+            time.sleep(0.2)
+            summary = (out / "summary.txt").read_text() if (out / "summary.txt").exists() else ""
+    finally:
+        os.killpg(p.pid, 9)
+        p.wait(timeout=30)
+    first = (out / "summary.txt").read_text().splitlines()[0]
+    assert first.startswith("RESULT: FAIL (incomplete: the run stopped during gpu_tests.log"), first
+    files = _archive(out)
+    assert files["gpu_check/summary.txt"].splitlines()[0] == first
+    assert "GPU_FOUND=0" in files["gpu_check/env.txt"]
 
 
 # ------------------------------------------------------------ the helpers alone
