@@ -22,6 +22,9 @@
 # under 8 minutes even when every step hangs). Pytest runs -v -rA --durations=15,
 # with --timeout per test when pytest-timeout is installed.
 #
+# On a lent machine (the device tool's run): `scripts/gpu_check.sh $OUT` with a
+# timeout_s of about 540, and `--quick` for a rerun in the time left.
+#
 # Exit status: 0 only when a GPU was found and every step passed; 1 otherwise
 # (no GPU, a skipped GPU test, a failure, a step timed out or not run for lack of
 # time); 2 for bad arguments. PYTHON picks the interpreter (it must have torch
@@ -118,7 +121,9 @@ write_summary() {
   {
     echo "$result"
     echo "ringcomm GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(elapsed) s of a $BUDGET s budget$([ $QUICK = 1 ] && echo ', --quick')"
-    echo "commit: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$REPO" diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+    if git -C "$REPO" rev-parse --short HEAD > /dev/null 2>&1; then
+      echo "commit: $(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
+    fi
     [ -z "$FACTS" ] || printf '%s\n' "$FACTS"
     echo
     cat "$W/steps.txt"

@@ -202,9 +202,6 @@ def test_global_capture_beside_a_pending_op(beside):
         c = ringcomm.init(rank=0, world_size=1, store=HashStore())
         x = torch.full((1 << 20,), 2.0, device="cuda")
         c.all_reduce(x, op="max")
-        torch.cuda.synchronize()
-        gpu_sleep(2.0, rate)
-        w = c.all_reduce(x, op="avg", async_op=True)
         side = torch.cuda.Stream()
         y = torch.zeros(1 << 20, device="cuda")
         with torch.cuda.stream(side):
@@ -217,23 +214,35 @@ def test_global_capture_beside_a_pending_op(beside):
         z = torch.ones(1 << 10, device="cuda")
         z_stream = torch.cuda.Stream()
         torch.cuda.synchronize()
+        gpu_sleep(2.0, rate)
+        w = c.all_reduce(x, op="avg", async_op=True)  # pending behind the sleep
         def eager_call():
             try:
-                c.all_reduce(z, stream=z_stream)
+                # The ring family: at world size 1 no NCCL call, so only ringcomm's
+                # own event bookkeeping meets the capture.
+                c.all_reduce(z, stream=z_stream, algo="ring")
             except Exception as e:
                 errors.append(type(e).__name__ + ": " + str(e)[:200])
+        # capture_begin / capture_end, not torch.cuda.graph(): its __enter__
+        # synchronizes the device, which would finish the pending op first.
+        out["pending_at_capture_begin"] = not w.is_completed()
         try:
-            with torch.cuda.graph(g, stream=side, capture_error_mode="global"):
-                y.add_(1)
-                if BESIDE != "watchdog":
-                    t = threading.Thread(target=eager_call)
-                    t.start()
-                    t.join()
-                time.sleep(0.5)
-                y.mul_(3)
+            with torch.cuda.stream(side):
+                g.capture_begin(capture_error_mode="global")
+                try:
+                    y.add_(1)
+                    if BESIDE != "watchdog":
+                        t = threading.Thread(target=eager_call)
+                        t.start()
+                        t.join()
+                    time.sleep(0.5)
+                    y.mul_(3)
+                finally:
+                    g.capture_end()
             out["capture"] = "ok"
         except Exception as e:
             out["capture"] = "raised " + type(e).__name__ + ": " + str(e)[:300]
+        out["pending_at_capture_end"] = not w.is_completed()
         out["eager_thread_errors"] = errors
         if out["capture"] == "ok":
             y.zero_()
@@ -256,6 +265,9 @@ def test_global_capture_beside_a_pending_op(beside):
     """ % beside, timeout=90)
     assert rc is not None, f"the child hung:\n{text}"
     assert out, f"the child died (rc {rc}) before reporting:\n{text}"
+    # The op must really have been pending all through the capture, or nothing was checked.
+    assert out.get("pending_at_capture_begin") and out.get("pending_at_capture_end"), \
+        f"the op was not held pending through the capture (raise the sleep): {out}"
     want = {"capture": "ok", "eager_thread_errors": [], "replay": True, "pending_op": True, "async_error": "",
             "later_call": "ok"}
     wrong = {k: out.get(k) for k in want if out.get(k) != want[k]}
