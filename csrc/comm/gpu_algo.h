@@ -6,8 +6,10 @@
 // One NaN semantics on every device and family: MIN and MAX propagate NaN
 // (like torch.maximum / numpy.maximum: a NaN in any rank's input at a position
 // makes that position NaN on every rank that receives the result), and so do
-// SUM, PROD and AVG (IEEE arithmetic). NCCL's floating-point MIN/MAX drop NaN
-// (they return the other operand, as fminf / fmaxf do), so:
+// SUM, PROD and AVG (IEEE arithmetic). NCCL's floating-point MIN/MAX drop NaN:
+// its src/device/reduce_kernel.h reduces float with fminf / fmaxf, double with
+// fmin / fmax and half / bfloat16 with __hmin / __hmax, which all return the
+// other operand when one is NaN. So:
 // - under "auto", floating-point MIN/MAX go to the ring family, as do bool and
 //   the bitwise ops (NCCL has neither);
 // - "nccl" forced (per call or by RINGCOMM_GPU_ALGO) for a floating-point MIN
