@@ -7,7 +7,7 @@ position makes that position NaN on every rank that gets the result.
 - the CPU kernels alone (both tables: AVX2 here, the baseline one in a subprocess),
   every floating dtype x op, NaN on either side, in place, across the vector body and
   the tail;
-- every CPU schedule family, forced with init(algo=): all_reduce, reduce (every root
+- every CPU schedule family, forced with init(algo=) or RINGCOMM_ALGO: all_reduce, reduce (every root
   in turn) and reduce_scatter with NaN (and inf - inf) planted in one or two ranks'
   inputs, on one host (world size 3: the non-power-of-two fix-ups) and across two
   "hosts" (world size 4: the hierarchical schedules, TCP between hosts);
@@ -236,7 +236,10 @@ FAMILIES = {
     "tree": ("reduce",),
     "pull": ("all_reduce", "reduce", "reduce_scatter"),
     "hierarchical": ("all_reduce", "reduce", "reduce_scatter"),
+    "env": ("all_reduce", "reduce", "reduce_scatter"),  # init(algo=None): RINGCOMM_ALGO decides
 }
+# RINGCOMM_ALGO for the "env" communicator: one family per primitive.
+ENV_ALGO = {"all_reduce": "rabenseifner", "reduce": "tree", "reduce_scatter": "hierarchical"}
 EXPLAINED = {"all_reduce": "all_reduce", "reduce": "reduce", "reduce_scatter": "reduce_scatter"}
 
 
@@ -252,12 +255,17 @@ def _families_rank(_comm, families, counts):
     for fam in families:
         store = dist.PrefixStore(f"nan-{fam}", ctx.store)
         with ringcomm.init(rank=ctx.rank, world_size=ctx.world_size, store=store, timeout=30.0,
-                           algo=fam) as c:
+                           algo=None if fam == "env" else fam) as c:
             prims = FAMILIES[fam]
             # What the forced family really runs (the cost model's first entry).
             ran = sorted({c.explain(EXPLAINED[p], n * 4)[0][0] for p in prims for n in counts})
             msgs.append(f"algo={fam}: runs {', '.join(ran)}")
-            if fam != "auto" and not any(fam in name or (fam == "ring" and "chain" in name) for name in ran):
+            if fam == "env":
+                for p in prims:
+                    got = {c.explain(EXPLAINED[p], n * 4)[0][0] for n in counts}
+                    if got != {ENV_ALGO[p]}:
+                        fails.append(f"RINGCOMM_ALGO: explain() says {p} runs {sorted(got)}")
+            elif fam != "auto" and not any(fam in name for name in ran):
                 fails.append(f"algo={fam}: explain() says the calls run {ran}")
             fails += nan_matrix(c, prims, counts, f"algo={fam} ")
     return {"fails": fails, "msgs": msgs}
@@ -279,9 +287,10 @@ def test_every_family_propagates_nan_on_one_host():
 def test_every_family_propagates_nan_across_hosts():
     """Two "hosts" of two ranks, interleaved (TCP between them): the hierarchical
     schedules (intra-host reduce-scatter, inter-host all-reduce, trees of trees) next
-    to the flat ones."""
-    hosts = {r: {"RINGCOMM_HOST_ID": f"h{r % 2}"} for r in range(4)}
-    _run_families(4, ["auto", "hierarchical", "ring", "recursive_doubling", "tree"], (1, 7, 1000, 20011),
+    to the flat ones; and one communicator whose families come from RINGCOMM_ALGO."""
+    algo = ",".join(f"{p}:{a}" for p, a in ENV_ALGO.items())
+    hosts = {r: {"RINGCOMM_HOST_ID": f"h{r % 2}", "RINGCOMM_ALGO": algo} for r in range(4)}
+    _run_families(4, ["auto", "hierarchical", "ring", "recursive_doubling", "tree", "env"], (1, 7, 1000, 20011),
                   rank_env=hosts)
 
 
