@@ -315,7 +315,12 @@ else
       --backends ringcomm,nccl --ringcomm-device cuda --ops all_reduce,reduce_scatter,all_gather,broadcast \
       -b 1K -e "$EMAX" -f 8 --budget 0.05 --no-memcpy --json "$W/sweep_$algo.json"
     if [ $RC -eq 0 ]; then
-      note OK "sweep $algo" "$(grep -i 'avg bus bandwidth' "$W/sweep_$algo.txt" | head -2 | tr -s ' ' | paste -sd';' -)"
+      report=$("$V" scripts/gpu_check_report.py --sweep "$W/sweep_$algo.txt" 2>&1)
+      if [ $? -eq 0 ]; then
+        note OK "sweep $algo" "$report"
+      else
+        note FAIL "sweep $algo" "$report (sweep_$algo.txt)"
+      fi
     else
       note FAIL "sweep $algo" "$(why_not "sweep_$algo.txt")"
     fi

@@ -1,10 +1,17 @@
-"""The verdict on one pytest run of scripts/gpu_check.sh, read from its JUnit XML:
+"""Verdicts for scripts/gpu_check.sh's summary.
+
+    python scripts/gpu_check_report.py --sweep SWEEP.txt
+
+reads a ringcomm-bench table (nccl-tests' format) and prints each op's average bus
+bandwidth per backend on one line; exit status 1 when any size had wrong elements
+or failed calls ("Out of bounds values" other than "0 OK", "Failed calls") or the
+table has no result at all.
 
     python scripts/gpu_check_report.py [--show N] JUNIT.xml
 
-prints one line ("12 passed, 0 failed, 0 errors, 0 skipped") and, for a run that is
-not a pass, the first N (default 4) tests that failed, erred or were skipped with pytest's
-reason. Exit status 0 only when at least one test ran and none failed, erred or was
+is the verdict on one pytest run, read from its JUnit XML: it prints one line
+("12 passed, 0 failed, 0 errors, 0 skipped") and, for a run that is not a pass, the
+first N (default 4) tests that failed, erred or were skipped with pytest's reason. Exit status 0 only when at least one test ran and none failed, erred or was
 skipped: on a GPU machine a skipped GPU test means the GPU path was not checked
 (no device seen, a driver too old for the CUDA runtime, NCCL missing), which must
 never read as green. A missing or unreadable report (pytest killed at its time
@@ -48,12 +55,43 @@ def verdict(path, shown=4):
     return ok, lines
 
 
+def sweep_verdict(path):
+    """(ok, line) for a bench table: "all_reduce 310.2 ringcomm 352.8 nccl; ..."."""
+    try:
+        with open(path) as f:
+            text = f.read().splitlines()
+    except OSError as e:
+        return False, f"no sweep table ({e})"
+    op, parts, wrong = None, [], []
+    for line in text:
+        words = line.lstrip("#").split()
+        if line.startswith("# ") and words and words[0] in ("all_reduce", "reduce_scatter", "all_gather",
+                                                            "broadcast", "reduce", "scatter", "gather",
+                                                            "all_to_all", "sendrecv"):
+            op = words[0]
+        elif "Avg bus bandwidth" in line:
+            parts.append(f"{op} {line.split(':', 1)[1].strip()}")
+        elif "Out of bounds values" in line and line.split(":", 1)[1].strip() != "0 OK":
+            wrong.append(f"{op}: {line.split(':', 1)[1].strip()} wrong elements")
+        elif "Failed calls" in line:
+            wrong.append(f"{op}: {line.split(':', 1)[1].strip()} failed calls")
+    if wrong:
+        return False, "wrong results: " + "; ".join(wrong)
+    if not parts:
+        return False, "the sweep table has no results"
+    return True, "avg busbw GB/s: " + "; ".join(parts)
+
+
 def main(argv):
+    if len(argv) == 3 and argv[1] == "--sweep":
+        ok, line = sweep_verdict(argv[2])
+        print(line)
+        return 0 if ok else 1
     shown = 4
     if len(argv) == 4 and argv[1] == "--show" and argv[2].isdigit():
         shown, argv = int(argv[2]), argv[:1] + argv[3:]
     if len(argv) != 2:
-        print("usage: gpu_check_report.py [--show N] JUNIT.xml", file=sys.stderr)
+        print("usage: gpu_check_report.py [--show N] JUNIT.xml | --sweep SWEEP.txt", file=sys.stderr)
         return 2
     ok, lines = verdict(argv[1], shown)
     print("\n".join(lines))

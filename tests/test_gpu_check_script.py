@@ -181,6 +181,36 @@ def test_report_passes_only_when_every_test_ran_and_passed(tmp_path):
     assert lines[-1] == "... and 7 more (see the log)"
 
 
+SWEEP = """\
+# all_reduce                                                    ringcomm                          nccl
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+        1024           256     float     sum      -1     9.41    0.11    0.00      0    10.02    0.10    0.00      0
+# Out of bounds values : {wrong}
+# Avg bus bandwidth    : 310.5 ringcomm  352.25 nccl
+#
+# broadcast                                                     ringcomm                          nccl
+        1024           256     float    none       0     5.80    0.18    0.18      0     6.00    0.17    0.17      0
+# Out of bounds values : 0 OK
+{failed}# Avg bus bandwidth    : 120 ringcomm  130 nccl
+"""
+
+
+def test_sweep_verdict(tmp_path):
+    p = tmp_path / "sweep.txt"
+    p.write_text(SWEEP.format(wrong="0 OK", failed=""))
+    ok, line = gpu_check_report.sweep_verdict(str(p))
+    assert ok and line == "avg busbw GB/s: all_reduce 310.5 ringcomm  352.25 nccl; broadcast 120 ringcomm  130 nccl"
+    p.write_text(SWEEP.format(wrong="3 FAILED", failed=""))
+    ok, line = gpu_check_report.sweep_verdict(str(p))
+    assert not ok and line == "wrong results: all_reduce: 3 FAILED wrong elements"
+    p.write_text(SWEEP.format(wrong="0 OK", failed="# Failed calls         : 2 (tracebacks on stderr)\n"))
+    ok, line = gpu_check_report.sweep_verdict(str(p))
+    assert not ok and "broadcast: 2 (tracebacks on stderr) failed calls" in line
+    p.write_text("# nothing measured\n")
+    assert gpu_check_report.sweep_verdict(str(p)) == (False, "the sweep table has no results")
+    assert not gpu_check_report.sweep_verdict(str(tmp_path / "none.txt"))[0]
+
+
 def test_mapped_nccl_libraries_are_read_from_maps(tmp_path):
     maps = tmp_path / "maps"
     maps.write_text(
