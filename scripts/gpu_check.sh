@@ -182,6 +182,8 @@ why_not() {
 }
 
 # ---- the machine, before anything is built ------------------------------------
+# (Each command here and between the steps has a limit of its own; the steps
+# after them start from what is left of the budget.)
 {
   echo "== nvidia-smi"; timeout 20 nvidia-smi 2>&1 | head -20
   echo "== nvidia-smi --query-gpu"
@@ -204,7 +206,7 @@ V=$PY
 # NCCL declarations against it, and test_gpu_plumbing checks that it did.
 DESELECT=()
 if [ -z "${NCCL_HOME:-}" ] && [ $BUILD = 1 ]; then
-  NCCL_WHEEL=$("$PY" -c "import importlib.util as u, os; s = u.find_spec('nvidia.nccl'); print(next((p for p in (s.submodule_search_locations if s else []) if os.path.exists(os.path.join(p, 'include', 'nccl.h'))), ''))" 2>/dev/null)
+  NCCL_WHEEL=$(timeout 30 "$PY" -c "import importlib.util as u, os; s = u.find_spec('nvidia.nccl'); print(next((p for p in (s.submodule_search_locations if s else []) if os.path.exists(os.path.join(p, 'include', 'nccl.h'))), ''))" 2>/dev/null)
   [ -z "$NCCL_WHEEL" ] || export NCCL_HOME=$NCCL_WHEEL
 fi
 if [ -z "${NCCL_HOME:-}" ] || [ $BUILD = 0 ]; then
@@ -252,7 +254,7 @@ fi
 # They run without a GPU too (and then skip, which fails the check): the summary
 # shows what was skipped and why.
 PYTEST=("$V" -m pytest -v -rA --durations=15 -p no:cacheprovider)
-if "$V" -c "import pytest_timeout" 2>/dev/null; then
+if timeout 30 "$V" -c "import pytest_timeout" 2>/dev/null; then
   PYTEST+=(--timeout "$([ $QUICK = 1 ] && echo 90 || echo 150)" --timeout-method thread)
   PER_TEST="pytest-timeout per test"
 else
@@ -273,7 +275,7 @@ pytest_step() {
     note FAIL "$name" "$(why_not "$name.log")"
     return
   fi
-  report=$("$V" scripts/gpu_check_report.py --show 2 "$W/$name.xml" 2>&1)
+  report=$(timeout 30 "$V" scripts/gpu_check_report.py --show 2 "$W/$name.xml" 2>&1)
   if [ $? -eq 0 ] && [ $RC -eq 0 ]; then
     note OK "$name" "$(head -1 <<< "$report")"
   else
@@ -310,12 +312,13 @@ if [ $GPU = 0 ] || [ $BUILT = 0 ]; then
   note SKIP sweep "no GPU / no build"
 else
   if [ $QUICK = 1 ]; then ALGOS="ring"; EMAX=64M; CAP=40; else ALGOS="nccl ring"; EMAX=256M; CAP=50; fi
+  KEEP=$(( $(wc -w <<< "$ALGOS") > 1 ? CAP : 0 ))  # the first sweep leaves the second its share
   for algo in $ALGOS; do
-    RINGCOMM_GPU_ALGO=$algo run_step "sweep_$algo.txt" "$CAP" 0 "$V" -m ringcomm.bench.cli --nproc 1 \
+    RINGCOMM_GPU_ALGO=$algo run_step "sweep_$algo.txt" "$CAP" "$KEEP" "$V" -m ringcomm.bench.cli --nproc 1 \
       --backends ringcomm,nccl --ringcomm-device cuda --ops all_reduce,reduce_scatter,all_gather,broadcast \
       -b 1K -e "$EMAX" -f 8 --budget 0.05 --no-memcpy --json "$W/sweep_$algo.json"
     if [ $RC -eq 0 ]; then
-      report=$("$V" scripts/gpu_check_report.py --sweep "$W/sweep_$algo.txt" 2>&1)
+      report=$(timeout 30 "$V" scripts/gpu_check_report.py --sweep "$W/sweep_$algo.txt" 2>&1)
       if [ $? -eq 0 ]; then
         note OK "sweep $algo" "$report"
       else
@@ -324,6 +327,7 @@ else
     else
       note FAIL "sweep $algo" "$(why_not "sweep_$algo.txt")"
     fi
+    KEEP=0
   done
 fi
 finish
