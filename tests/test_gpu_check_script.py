@@ -25,9 +25,11 @@ import gpu_check_report  # noqa: E402
 import gpu_env  # noqa: E402
 
 
-def _run(args, timeout=150, python=sys.executable, cwd=None):
+def _run(args, timeout=150, python=sys.executable, cwd=None, path=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
     env["PYTHON"] = python
+    if path is not None:
+        env["PATH"] = path
     t = time.monotonic()
     r = subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=timeout, env=env,
                        cwd=cwd or REPO)
@@ -151,6 +153,39 @@ def test_a_run_killed_from_outside_leaves_an_incomplete_failure(tmp_path):
     files = _archive(out)
     assert files["gpu_check/summary.txt"].splitlines()[0] == first
     assert "GPU_FOUND=0" in files["gpu_check/env.txt"]
+
+
+def test_the_pass_path_with_a_stand_in_gpu(tmp_path):
+    """The only run that passes needs a GPU; here PYTHON is a stand-in that reports
+    one, passes its one test per pytest run and prints a clean sweep table: the
+    script must then say PASS, exit 0, and carry the sweep's figures."""
+    table = tmp_path / "sweep.txt"
+    table.write_text(SWEEP.format(wrong="0 OK", failed=""))
+    fake = tmp_path / "python"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        if [ "$1" = scripts/gpu_env.py ]; then
+          echo "torch devices: ['0: Stand-in GPU']"; echo "GPU_FOUND=1 1 device(s): stand-in"; exit 0
+        fi
+        if [ "$1" = -m ] && [ "$2" = pytest ]; then
+          while [ $# -gt 0 ]; do [ "$1" = --junitxml ] && xml=$2; shift; done
+          echo '<testsuites><testsuite><testcase classname="t" name="ok"/></testsuite></testsuites>' > "$xml"
+          echo "1 passed"; exit 0
+        fi
+        if [ "$1" = -m ] && [ "$2" = ringcomm.bench.cli ]; then cat {table}; exit 0; fi
+        exec {sys.executable} "$@"
+    """))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "out"
+    env_path = ":".join(p for p in os.environ.get("PATH", "").split(":") if not os.path.exists(
+        os.path.join(p, "compute-sanitizer")))
+    r, _ = _run(["--no-build", "--budget", "200", str(out)], python=str(fake), path=env_path)
+    summary = (out / "summary.txt").read_text()
+    assert r.returncode == 0 and summary.startswith("RESULT: PASS\n"), summary
+    assert "OK    gpu                1 device(s): stand-in" in summary
+    for algo in ("nccl", "ring"):
+        assert f"OK    sweep {algo}" in summary and "all_reduce 310.5 ringcomm  352.25 nccl" in summary
+    assert "problems:" not in summary
 
 
 # ------------------------------------------------------------ the helpers alone
