@@ -20,7 +20,7 @@ from ringcomm.bench.collectives import COLLECTIVES, busbw_factor, resolve_ops
 from ringcomm.bench.report import (Cell, Row, Table, build_report, machine_facts,
                                    validate_report)
 from ringcomm.bench.sizes import parse_size, size_list
-from ringcomm.bench.timing import Measurement, TimingParams, _schedule, measure
+from ringcomm.bench.timing import Measurement, Prepared, TimingParams, _schedule, measure, measure_side_by_side
 
 SWEEP_TIMEOUT_S = 240
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -309,6 +309,43 @@ def test_measure_reports_a_deliberately_wrong_result(capsys):
     assert "Out of bounds values : 7 FAILED" in out
     row_line = next(line for line in out.splitlines() if line.startswith(" "))
     assert row_line.split()[-1] == "7"  # the #wrong column
+
+
+def test_side_by_side_takes_samples_in_turns():
+    """Backends prepared at one size sample in turns, who goes first rotating each
+    round, so drift hits them alike; one whose call failed is left out, the others
+    keep their own batch and sample counts."""
+    log = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def barrier(self):
+            log.append(self.name)
+
+        def synchronize(self):
+            pass
+
+    a, b, c = Recorder("a"), Recorder("b"), Recorder("c")
+    calls = {"a": 0, "b": 0}
+
+    def counting(name):
+        def run():
+            calls[name] += 1
+        return run
+
+    prepared = [Prepared(backend=a, run=counting("a"), batch=2, samples=3, warmup=2, wrong=0),
+                Prepared(backend=c, error="ValueError: refused"),
+                Prepared(backend=b, run=counting("b"), batch=5, samples=2, warmup=3, wrong=0)]
+    ms = measure_side_by_side(_FakeControl(), prepared)
+    # Round 0 starts with a, round 1 with b, round 2 has only a left.
+    assert log == ["a", "b", "b", "a", "a"]
+    assert calls == {"a": 2 * 3, "b": 5 * 2}
+    assert [len(m.samples_s) for m in ms] == [3, 0, 2]
+    assert ms[1].error == "ValueError: refused" and ms[0].error is None and ms[2].error is None
+    assert (ms[0].batch, ms[0].warmup, ms[2].batch, ms[2].wrong) == (2, 2, 5, 0)
+    assert all(t >= 0 for m in ms for t in m.samples_s)
 
 
 def test_schedule_batches_small_calls_and_cuts_large_ones():

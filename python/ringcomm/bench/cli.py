@@ -28,7 +28,7 @@ from ringcomm.bench.collectives import COLLECTIVES, resolve_ops
 from ringcomm.bench.progress import Progress
 from ringcomm.bench.report import Cell, Row, Table, build_report, machine_facts, write_json
 from ringcomm.bench.sizes import format_size, parse_size, size_list
-from ringcomm.bench.timing import Control, MemcpyReference, TimingParams, measure
+from ringcomm.bench.timing import Control, MemcpyReference, TimingParams, measure_side_by_side, prepare
 
 COMMAND_ENV = "RINGCOMM_BENCH_COMMAND"
 # What ringcomm.explain knows (send/recv have no choice to explain).
@@ -357,9 +357,12 @@ class Sweep:
                 if ring is not None and op in _EXPLAINED:
                     row.explain = ring.comm.explain(op, layout.size)
                 buffers: Dict[str, Buffers] = {}
-                # Take turns, and rotate who goes first, so drift hits every backend alike.
+                # Take turns, and rotate who goes first, so drift hits every backend
+                # alike: the checks and warm-ups one after another, then the samples
+                # in turns (timing.measure_side_by_side).
                 order: list = list(backends) + ([memcpy] if memcpy is not None else [])
                 order = order[k % len(order):] + order[:k % len(order)]
+                prepared = []
                 for b in order:
                     label = f"{op} {format_size(layout.size)} {b.name}"
                     if b is memcpy:
@@ -374,15 +377,17 @@ class Sweep:
                     if b.device not in buffers:
                         buffers[b.device] = _allocate(layout, args.dtype, b.device)
                     bufs = buffers[b.device]
-                    m = measure(control, b,
-                                lambda b=b, bufs=bufs: b.bind(coll, bufs, args.op, args.root),
-                                coll, layout, bufs, args.op, args.root, args.dtype, params,
-                                on_error=lambda text: print(text, file=sys.stderr, flush=True))
+                    prepared.append(prepare(control, b,
+                                            lambda b=b, bufs=bufs: b.bind(coll, bufs, args.op, args.root),
+                                            coll, layout, bufs, args.op, args.root, args.dtype, params,
+                                            on_error=lambda text: print(text, file=sys.stderr, flush=True)))
+                for prep, m in zip(prepared, measure_side_by_side(control, prepared)):
+                    b = prep.backend
                     if m.error:
                         dead[b.name] = f"failed earlier: {m.error}"
                         failed = True
                     row.cells[b.name] = Cell(measurement=m)
-                    progress.step(label)
+                    progress.step(f"{op} {format_size(layout.size)} {b.name}")
                 del buffers
                 rows.append(row)
                 if rank == 0:
