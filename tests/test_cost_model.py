@@ -45,7 +45,8 @@ def test_formulas_match_hand_computation():
                                                 + (s * b_e * 2 + 0.5 * s * g) / 2)
     # Binomial broadcast over 5: 3 levels; level m=4 sends 0 -> 4 only.
     b = times(cost_model.model(1, 5, P), "broadcast", s)
-    assert b["tree"] == pytest.approx(3 * (a_i + s * b_i) + (a_i + 3 * 0))  # + the agreement exchange
+    # + the agreement check first: the dissemination barrier's 3 rounds over 5.
+    assert b["tree"] == pytest.approx(3 * (a_i + s * b_i) + 3 * a_i)
 
 
 def test_predictions_sorted_and_pick_first():

@@ -173,13 +173,17 @@ void CostModel::build() {
   }
   const LinkCost& worst = topo_.hosts > 1 ? p.inter : p.intra;
   const AllPairs pairs = all_pairs(topo_, p);
-  // Every rank messages every other once (barrier, agreement, one-shot): the
+  // Every rank messages every other once (one-shot, scatter, all-to-all): the
   // first message's latency plus issuing the rest.
   const double all_pairs_a = worst.alpha + (n - 2) * (pairs.inter ? p.inter.overhead : p.intra.overhead);
   auto all_pairs_b = [&](double frac) {
     return frac * std::max(pairs.inter ? p.inter.beta * pairs.inter_msgs : 0.0, p.intra.beta * pairs.intra_msgs);
   };
-  const double agreement = limits_.check_agreement ? all_pairs_a : 0;
+  // The dissemination barrier: ceil(log2 n) rounds of one message; rooted
+  // calls run it first, carrying the agreement check (a few words).
+  Tally bar{p, {}};
+  for (int d = 1; d < n; d *= 2) bar.step(shape_of(topo_, [&](int r) { return (r + d) % n; }, per_host), 0);
+  const double agreement = limits_.check_agreement ? bar.cost.a : 0;
 
   // Ring (host-contiguous): 2(n-1) steps of S/n for all_reduce.
   const StepShape ring = ring_shape(topo_, per_host);
@@ -280,9 +284,6 @@ void CostModel::build() {
     add(OpKind::kScatter, Algo::kDirect, rooted);
     add(OpKind::kGather, Algo::kDirect, rooted);
     add(OpKind::kAllToAll, Algo::kDirect, {all_pairs_a, all_pairs_b(1 / dn)});
-    // The dissemination barrier: ceil(log2 n) rounds of one message.
-    Tally bar{p, {}};
-    for (int d = 1; d < n; d *= 2) bar.step(shape_of(topo_, [&](int r) { return (r + d) % n; }, per_host), 0);
     add(OpKind::kBarrier, Algo::kDirect, bar.cost);
   }
 }

@@ -55,7 +55,7 @@ CostParams default_cost_params();
 struct ModelLimits {
   size_t slot_bytes = 128 * 1024;     // chain pipeline segment
   size_t oneshot_max_bytes = 1 << 20; // one-shot needs world * S of scratch: not beyond this
-  bool check_agreement = true;        // rooted calls first exchange headers with every peer
+  bool check_agreement = true;        // rooted calls first run the agreement check (Communicator::agree_on_call)
 };
 
 struct Prediction {
