@@ -83,7 +83,11 @@ void bind_cuda(py::module_& m) {
       .def("wait_stream", [](GpuWork& w, uintptr_t s) { w.wait_stream(stream_of(s)); })
       .def("synchronize", &GpuWork::synchronize, py::arg("timeout_s") = -1.0,
            py::call_guard<py::gil_scoped_release>())
+      .def("wait_host", &GpuWork::wait_host, py::arg("timeout_s") = -1.0, py::call_guard<py::gil_scoped_release>())
       .def("is_completed", &GpuWork::is_completed)
+      .def("error", &GpuWork::error)
+      .def("error_is_timeout", &GpuWork::error_is_timeout)
+      .def_property_readonly("seq", &GpuWork::seq)
       .def_property_readonly("captured", &GpuWork::captured)
       .def_property_readonly("what", &GpuWork::what);
 
