@@ -345,3 +345,43 @@ def test_gpu_settings_wait_is_bounded():
 
     with pytest.raises(ringcomm.TimeoutError):
         cuda.agree_settings(HashStore(), "t/nccl/0", 1, 0.3, {"chunk": 64, "algo": "auto"}, lambda: "")
+
+
+def test_each_rank_builds_its_nccl_communicator_with_rank_0s_settings(monkeypatch):
+    """GpuPath.native() passes the agreed settings on, not its own environment's."""
+    import threading
+
+    from torch.distributed import HashStore
+
+    made = []
+
+    class FakeC:
+        @staticmethod
+        def nccl_unique_id():
+            return b"\x01\x02"
+
+        @staticmethod
+        def GpuCommunicator(rank, ws, device, uid, timeout_s, chunk, algo):
+            made.append((rank, uid, chunk, algo))
+            return object()
+
+    monkeypatch.setattr(cuda, "_C", FakeC)
+    monkeypatch.setattr(cuda, "nccl_version", lambda: (0, ""))
+    store = HashStore()
+
+    def comm(rank):
+        c = FakeComm()
+        c.rank, c.world_size, c._store = rank, 2, store
+        return c
+
+    monkeypatch.setenv("RINGCOMM_GPU_ALGO", "nccl")
+    monkeypatch.setenv("RINGCOMM_GPU_CHUNK_BYTES", str(1 << 20))
+    p0 = cuda.GpuPath(comm(0))
+    monkeypatch.setenv("RINGCOMM_GPU_ALGO", "ring")
+    monkeypatch.setenv("RINGCOMM_GPU_CHUNK_BYTES", "4096")
+    p1 = cuda.GpuPath(comm(1))
+    t = threading.Thread(target=p1.native, args=(0,))
+    t.start()
+    p0.native(0)
+    t.join(30)
+    assert sorted(made) == [(0, b"\x01\x02", 1 << 20, "nccl"), (1, b"\x01\x02", 1 << 20, "nccl")]
