@@ -519,3 +519,17 @@ def test_explain_and_calibrate(tmp_path):
     assert params["intra"]["alpha"] > 0 and params["gamma"] > 0
     doc = json.loads(model.read_text())
     assert doc["runs"] == 3 and doc["measured_links"] == ["intra"] and doc["world_size"] == 2
+    # Every candidate family was timed at every fit size and its ratio kept.
+    from ringcomm.bench.fit import FIT_SIZES
+
+    fit = params["fit"]
+    assert params["fit_for"] == [2, 1]
+    assert {"all_reduce:ring", "all_reduce:recursive_doubling", "broadcast:tree", "all_gather:ring"} <= set(fit)
+    for name, pts in fit.items():
+        assert [x for x, _ in pts] == sorted(x for x, _ in pts) and len(pts) <= len(FIT_SIZES), (name, pts)
+    assert len(fit["all_reduce:ring"]) == len(FIT_SIZES)
+    assert "measured / formula per family" in proc.stdout
+    proc = _run([sys.executable, "-m", "ringcomm.bench.cli", "--nproc", "2", "--calibrate", str(model),
+                 "--calibrate-runs", "1", "--calibrate-no-fit"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fit" not in cost_model.load(str(model))

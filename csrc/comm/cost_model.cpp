@@ -147,6 +147,18 @@ CostModel::CostModel(Topology topo, CostParams params, ModelLimits limits)
   build();
 }
 
+double FamilyFit::ratio(double bytes) const {
+  if (points.empty()) return 1;
+  if (bytes <= points.front().first) return points.front().second;
+  if (bytes >= points.back().first) return points.back().second;
+  size_t i = 1;
+  while (points[i].first < bytes) ++i;
+  const auto& [x0, r0] = points[i - 1];
+  const auto& [x1, r1] = points[i];
+  const double t = std::log(bytes / x0) / std::log(x1 / x0);
+  return r0 + t * (r1 - r0);
+}
+
 void CostModel::build() {
   entries_.clear();
   const int n = topo_.world();
@@ -159,6 +171,9 @@ void CostModel::build() {
     e.kind = k;
     e.algo = a;
     e.cost = c;
+    for (size_t i = 0; i < p.fits.size(); ++i) {
+      if (p.fits[i].kind == k && p.fits[i].algo == a) e.fit = static_cast<int>(i);
+    }
     entries_.push_back(e);
     return entries_.size() - 1;
   };
@@ -293,7 +308,7 @@ double CostModel::eval(const Entry& e, size_t nbytes) const {
   double t = e.cost.a + e.cost.b * s;
   // Chains: each hop but the last also waits for the first slot to arrive.
   t += e.fill_hops * std::min<double>(s, static_cast<double>(limits_.slot_bytes)) * e.cost.b;
-  return t;
+  return e.fit >= 0 ? t * params_.fits[e.fit].ratio(s) : t;
 }
 
 std::vector<Prediction> CostModel::predict(OpKind kind, size_t nbytes) const {
