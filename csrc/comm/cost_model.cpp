@@ -235,14 +235,19 @@ void CostModel::build() {
     add(OpKind::kAllReduce, Algo::kHierarchical, c);
   }
 
-  // Hierarchical all-gather / reduce-scatter (even hosts only: the flat ring
-  // otherwise): H-1 inter-host steps of S/n with L rings sharing each
-  // host's link, then H intra-host rings of L-1 steps of S/n.
-  if (topo_.hosts > 1 && topo_.max_local > 1 && topo_.min_local == topo_.max_local) {
-    const double l = topo_.max_local, h = topo_.hosts;
-    Affine ag{(h - 1) * p.inter.alpha + h * (l - 1) * p.intra.alpha,
-              ((h - 1) * p.inter.beta * link_share(p, l) + h * (l - 1) * p.intra.beta) / dn};
-    Affine rs{ag.a, ag.b + ((h - 1) + h * (l - 1)) * p.gamma / dn};
+  // Hierarchical all-gather / reduce-scatter (algo/hierarchical.cpp): per
+  // round (one on even hosts, ceil(lmax / lmin) otherwise) H-1 inter-host
+  // steps of S/n, lmin rings sharing each host's link, and per host g and
+  // round an intra-host ring of lmax-1 steps of S/n; uneven hosts add one
+  // intra-host message for the blocks past lmin.
+  if (topo_.hosts > 1 && topo_.max_local > 1) {
+    const double lmin = topo_.min_local, lmax = topo_.max_local, h = topo_.hosts;
+    const double rounds = std::ceil(lmax / lmin);
+    const double extra = lmax > lmin ? 1 : 0;
+    Affine ag{rounds * ((h - 1) * p.inter.alpha + h * (lmax - 1) * p.intra.alpha) + extra * p.intra.alpha,
+              (rounds * ((h - 1) * p.inter.beta * link_share(p, lmin) + h * (lmax - 1) * p.intra.beta) +
+               extra * p.intra.beta) / dn};
+    Affine rs{ag.a, ag.b + rounds * ((h - 1) + h * (lmax - 1)) * p.gamma / dn};
     add(OpKind::kAllGather, Algo::kHierarchical, ag);
     add(OpKind::kReduceScatter, Algo::kHierarchical, rs);
   }
