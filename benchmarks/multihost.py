@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--env", action="append", default=[], metavar="NAME=VALUE",
       help="set this variable on every host (the harness otherwise drops RINGCOMM_* from its own "
            "environment), e.g. --env RINGCOMM_RING_ORDER=rank; may be given several times")
+    a("--calibrate", action="store_true",
+      help="before the runs of each configuration, one launch of ringcomm-bench --calibrate on "
+           "the same hosts writes OUT_<config>_model.json (links and the families' fit), and the "
+           "runs use it (RINGCOMM_COST_MODEL): auto then picks with what was measured there")
     a("--repeat", type=int, default=1, help="runs of each configuration (default 1)")
     a("--out", default="multihost", help="writes OUT.txt and OUT.json (default %(default)s)")
     a("--launch-timeout", type=float, default=900.0,
@@ -461,6 +465,31 @@ def _terminate(signum, frame):
     raise Terminated(signum)
 
 
+def model_path(args, cfg: Config) -> str:
+    return os.path.abspath(f"{args.out}_{cfg.hosts}x{cfg.ranks_per_host}_{cfg.placement}_model.json")
+
+
+def calibrate_once(args, cfg: Config, hosts: List[netns.Host], port: int, workdir: str) -> List[str]:
+    """--calibrate: one launch that writes the configuration's parameter file;
+    its failures (none: the file is there)."""
+    path = model_path(args, cfg)
+    bench = ["--backends", "ringcomm", "--timeout", f"{args.call_timeout:g}", "--progress", "off",
+             "--calibrate", path, "--calibrate-runs", "3"]
+    t0 = time.monotonic()
+    codes, logs = launch(cfg, hosts, port, bench, workdir, args.launch_timeout, args.pin)
+    fails = [exit_failure(i, c, args.launch_timeout) for i, c in enumerate(codes) if c != 0]
+    if not fails and not os.path.exists(path):
+        fails.append(f"no parameter file {path} was written")
+    what = f"{cfg.label()}, calibration"
+    print(f"multihost.py: {what}: {'FAILED' if fails else 'ok'} ({time.monotonic() - t0:.1f} s) -> {path}",
+          file=sys.stderr, flush=True)
+    if fails:
+        for i, log in enumerate(logs):
+            print(f"--- {what}, host {i} (exit {codes[i]}), end of its log:\n{_tail(log)}",
+                  file=sys.stderr, flush=True)
+    return [f"{what}: {f}" for f in fails]
+
+
 def run_once(args, cfg: Config, hosts: List[netns.Host], run: int, port: int, workdir: str):
     """One run of one configuration: (its record for the JSON, its table rows)."""
     json_path = os.path.join(workdir, "rank0.json")
@@ -512,6 +541,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             for n_hosts in dict.fromkeys(c.hosts for c in plan):
                 with netns.bridged_hosts(n_hosts, PREFIX, SUBNET, args.rate) as hosts:
                     for cfg in (c for c in plan if c.hosts == n_hosts):
+                        if args.calibrate:
+                            _EXTRA_ENV.pop("RINGCOMM_COST_MODEL", None)
+                            workdir = os.path.join(tmp, f"calibrate-{len(runs)}")
+                            os.makedirs(workdir)
+                            bad = calibrate_once(args, cfg, hosts, BASE_PORT + 500 + len(runs), workdir)
+                            failures += bad
+                            if bad:
+                                continue
+                            _EXTRA_ENV["RINGCOMM_COST_MODEL"] = model_path(args, cfg)
                         for run in range(1, args.repeat + 1):
                             # A fresh port each time: no waiting out the last run's sockets.
                             workdir = os.path.join(tmp, str(len(runs)))

@@ -20,7 +20,7 @@ from ringcomm.bench.collectives import COLLECTIVES, busbw_factor, resolve_ops
 from ringcomm.bench.report import (Cell, Row, Table, build_report, machine_facts,
                                    validate_report)
 from ringcomm.bench.sizes import parse_size, size_list
-from ringcomm.bench.timing import Measurement, TimingParams, _schedule, measure
+from ringcomm.bench.timing import Measurement, Prepared, TimingParams, _schedule, measure, measure_side_by_side
 
 SWEEP_TIMEOUT_S = 240
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -311,6 +311,43 @@ def test_measure_reports_a_deliberately_wrong_result(capsys):
     assert row_line.split()[-1] == "7"  # the #wrong column
 
 
+def test_side_by_side_takes_samples_in_turns():
+    """Backends prepared at one size sample in turns, who goes first rotating each
+    round, so drift hits them alike; one whose call failed is left out, the others
+    keep their own batch and sample counts."""
+    log = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def barrier(self):
+            log.append(self.name)
+
+        def synchronize(self):
+            pass
+
+    a, b, c = Recorder("a"), Recorder("b"), Recorder("c")
+    calls = {"a": 0, "b": 0}
+
+    def counting(name):
+        def run():
+            calls[name] += 1
+        return run
+
+    prepared = [Prepared(backend=a, run=counting("a"), batch=2, samples=3, warmup=2, wrong=0),
+                Prepared(backend=c, error="ValueError: refused"),
+                Prepared(backend=b, run=counting("b"), batch=5, samples=2, warmup=3, wrong=0)]
+    ms = measure_side_by_side(_FakeControl(), prepared)
+    # Round 0 starts with a, round 1 with b, round 2 has only a left.
+    assert log == ["a", "b", "b", "a", "a"]
+    assert calls == {"a": 2 * 3, "b": 5 * 2}
+    assert [len(m.samples_s) for m in ms] == [3, 0, 2]
+    assert ms[1].error == "ValueError: refused" and ms[0].error is None and ms[2].error is None
+    assert (ms[0].batch, ms[0].warmup, ms[2].batch, ms[2].wrong) == (2, 2, 5, 0)
+    assert all(t >= 0 for m in ms for t in m.samples_s)
+
+
 def test_schedule_batches_small_calls_and_cuts_large_ones():
     p = TimingParams(iters=20, min_iters=5, budget_s=0.4, batch_s=0.005)
     assert _schedule(2e-6, p) == (2500, 20)     # tiny calls: batched, every sample
@@ -482,3 +519,17 @@ def test_explain_and_calibrate(tmp_path):
     assert params["intra"]["alpha"] > 0 and params["gamma"] > 0
     doc = json.loads(model.read_text())
     assert doc["runs"] == 3 and doc["measured_links"] == ["intra"] and doc["world_size"] == 2
+    # Every candidate family was timed at every fit size and its ratio kept.
+    from ringcomm.bench.fit import FIT_SIZES
+
+    fit = params["fit"]
+    assert params["fit_for"] == [2, 1]
+    assert {"all_reduce:ring", "all_reduce:recursive_doubling", "broadcast:tree", "all_gather:ring"} <= set(fit)
+    for name, pts in fit.items():
+        assert [x for x, _ in pts] == sorted(x for x, _ in pts) and len(pts) <= len(FIT_SIZES), (name, pts)
+    assert len(fit["all_reduce:ring"]) == len(FIT_SIZES)
+    assert "measured / formula per family" in proc.stdout
+    proc = _run([sys.executable, "-m", "ringcomm.bench.cli", "--nproc", "2", "--calibrate", str(model),
+                 "--calibrate-runs", "1", "--calibrate-no-fit"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fit" not in cost_model.load(str(model))

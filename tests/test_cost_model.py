@@ -45,7 +45,8 @@ def test_formulas_match_hand_computation():
                                                 + (s * b_e * 2 + 0.5 * s * g) / 2)
     # Binomial broadcast over 5: 3 levels; level m=4 sends 0 -> 4 only.
     b = times(cost_model.model(1, 5, P), "broadcast", s)
-    assert b["tree"] == pytest.approx(3 * (a_i + s * b_i) + (a_i + 3 * 0))  # + the agreement exchange
+    # + the agreement check first: the dissemination barrier's 3 rounds over 5.
+    assert b["tree"] == pytest.approx(3 * (a_i + s * b_i) + 3 * a_i)
 
 
 def test_predictions_sorted_and_pick_first():
@@ -113,6 +114,91 @@ def test_parameter_files(tmp_path):
             path.write_bytes(data)
         with pytest.raises(ValueError, match="cost model file"):
             cost_model.load(str(path))
+
+
+FIT = {"all_reduce:ring": [[16, 2.0], [4096, 0.5]]}
+
+
+def test_fit_scales_the_formula_interpolated_in_log_size():
+    plain = cost_model.model(8, 1, P)
+    fitted = cost_model.model(8, 1, {**P, "fit": FIT, "fit_for": [8, 8]})
+    ring = lambda m, s: times(m, "all_reduce", s)["ring"]  # noqa: E731
+    assert ring(fitted, 16) == pytest.approx(2.0 * ring(plain, 16))
+    assert ring(fitted, 4) == pytest.approx(2.0 * ring(plain, 4))          # below the first size: its ratio
+    assert ring(fitted, 256) == pytest.approx(1.25 * ring(plain, 256))     # halfway in log2: 4 .. 12
+    assert ring(fitted, 1 << 20) == pytest.approx(0.5 * ring(plain, 1 << 20))  # above the last: its ratio
+    for s in (16, 256, 1 << 20):  # the other families are untouched
+        assert times(fitted, "all_reduce", s)["rabenseifner"] == times(plain, "all_reduce", s)["rabenseifner"]
+    # The pick follows the corrected formula: at 1 MiB ring (x0.5) beats Rabenseifner.
+    assert fitted.predict("all_reduce", 1 << 20)[0][0] == "ring"
+    assert plain.predict("all_reduce", 1 << 20)[0][0] != "ring"
+
+
+BAD_FITS = [
+    [], "x", {"ring": [[16, 1.0]]}, {"all_reduce:nope": [[16, 1.0]]}, {"broadcast:rabenseifner": [[16, 1.0]]},
+    {"all_reduce:ring": []}, {"all_reduce:ring": [[16, 0.0]]}, {"all_reduce:ring": [[16, -1.0]]},
+    {"all_reduce:ring": [[16, float("nan")]]}, {"all_reduce:ring": [[0, 1.0]]},
+    {"all_reduce:ring": [[4096, 1.0], [16, 1.0]]}, {"all_reduce:ring": [[16, 1.0], [16, 2.0]]},
+    {"all_reduce:ring": [[16, 1.0, 3]]}, {"all_reduce:ring": [["16", 1.0]]}, {"all_reduce:ring": [[16, True]]},
+    {"all_reduce:ring": [[16, 1000.0]]}, {"all_reduce:ring": [[2 ** i, 1.0] for i in range(40)]},
+    {f"all_reduce:ring{i}": [[16, 1.0]] for i in range(100)},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_FITS)
+def test_bad_fits_are_value_errors(bad):
+    with pytest.raises(ValueError):
+        cost_model.check_params({**P, "fit": bad, "fit_for": [8, 8]})
+
+
+def test_bad_fits_are_refused_natively_too():
+    # The native model checks what it is given, whatever the Python side did.
+    for bad in ({"all_reduce:nope": [[16, 1.0]]}, {"all_reduce:ring": [[4096, 1.0], [16, 1.0]]},
+                {"all_reduce:ring": [[16, -1.0]]}, {"ring": [[16, 1.0]]}):
+        with pytest.raises(ValueError):
+            ringcomm._C.CostModel([0] * 4, {**P, "fit": bad}, 128 * 1024, 64 * 1024, True)
+
+
+def test_a_fit_needs_the_topology_it_was_measured_on():
+    for fit_for in (None, [8], [8, 0], [8, True], "8x8", [8.0, 8]):
+        with pytest.raises(ValueError, match="fit_for"):
+            cost_model.check_params({**P, "fit": FIT, "fit_for": fit_for})
+    p = cost_model.check_params({**P, "fit": FIT, "fit_for": [8, 8]})
+    assert cost_model.for_topology(p, 8, list(range(8))) is p
+    other = cost_model.for_topology(p, 4, list(range(4)))
+    assert "fit" not in other and "fit_for" not in other and "left out" in other["source"]
+    assert cost_model.for_topology(p, 8, [0, 0, 1, 1, 2, 2, 3, 3])["source"].endswith("(8 on 4 here)")
+
+
+def _fitted(comm, _):
+    """explain() with a file's fit: used when its topology is this one."""
+    fails = []
+    params = comm.cost_params()
+    plain = cost_model.model(comm.host_of(), params={k: v for k, v in params.items()
+                                                         if k not in ("fit", "fit_for")})
+    want_fit = os.environ["EXPECT_FIT"] == "1"
+    got = dict(ringcomm.explain("all_reduce", 16))["ring"]
+    base = dict(plain.predict("all_reduce", 16))["ring"]
+    if want_fit and not ("fit" in params and got == pytest.approx(2.0 * base)):
+        fails.append(f"the fit is not used: {params} ring at 16 B {got} vs formula {base}")
+    if not want_fit and ("fit" in params or got != pytest.approx(base) or "left out" not in params["source"]):
+        fails.append(f"a fit of another topology is used: {params}, ring at 16 B {got} vs formula {base}")
+    sub = comm.split([0])  # one rank: another topology, so the inherited fit is left out
+    if sub is not None:
+        if "fit" in sub.cost_params():
+            fails.append(f"a split of 1 rank kept the fit of {params.get('fit_for')}")
+        sub.close()
+    return {"fails": fails}
+
+
+def test_file_fit_is_used_on_its_topology_only(tmp_path):
+    for fit_for, expect in (([2, 1], "1"), ([4, 1], "0")):
+        path = tmp_path / f"fit{expect}.json"
+        cost_model.save(str(path), {**P, "fit": FIT, "fit_for": fit_for})
+        results = harness.run_ranks(_fitted, 2, (None,), env={"RINGCOMM_COST_MODEL": str(path), "EXPECT_FIT": expect},
+                                    hard_timeout=90)
+        for r, res in enumerate(results):
+            assert not res["fails"], (r, res["fails"])
 
 
 def _agreed(comm, _):

@@ -400,6 +400,60 @@ def test_faults_end_in_clear_errors(transport):
     harness.print_and_check(res)
 
 
+def _rooted_disagreements(comm):
+    """At a world size that is no power of two (the agreement's last round counts
+    some ranks twice), one rank that is neither the root nor next to it disagrees
+    on the root, the count or the dtype of a rooted call: every rank raises
+    CollectiveMismatchError at once, none returns, none times out."""
+    import ringcomm
+
+    ctx = harness.context()
+    r, ws = ctx.rank, ctx.world_size
+    odd = 3
+    fails, msgs = [], []
+    for op in ("broadcast", "reduce", "scatter", "gather"):
+        for what in ("root", "count", "dtype"):
+            c = _new_comm(ctx, timeout=20.0)
+            root = 1 if (what == "root" and r == odd) else 0
+            n = 65 if (what == "count" and r == odd) else 64
+            dt = np.float32 if (what == "dtype" and r == odd) else np.int32
+            t0 = time.monotonic()
+            try:
+                if op == "broadcast":
+                    c.broadcast(np.full(n, r, dt), src=root)
+                elif op == "reduce":
+                    c.reduce(np.full(n, r, dt), dst=root)
+                elif op == "scatter":
+                    c.scatter(np.zeros(n, dt), np.zeros(n * ws, dt) if r == root else None, src=root)
+                else:
+                    c.gather(np.zeros(n * ws, dt) if r == root else None, np.full(n, r, dt), dst=root)
+                fails.append(f"{op} {what}: rank {r} returned although rank {odd} disagreed")
+            except ringcomm.CollectiveMismatchError as e:
+                took = time.monotonic() - t0
+                msgs.append(f"{op} {what}: {took * 1e3:.1f} ms: {first_line(e)}")
+                if took > 2.0:
+                    fails.append(f"{op} {what}: the mismatch took {took:.2f} s to raise")
+            except Exception as e:  # noqa: BLE001
+                fails.append(f"{op} {what}: rank {r} raised {type(e).__name__} ({first_line(e)}), "
+                             "want CollectiveMismatchError")
+            c.close()
+            _sync(ctx, f"rooted-{op}-{what}")
+    # Agreeing ranks pass the check, for every root.
+    c = _new_comm(ctx)
+    for root in range(ws):
+        x = np.full(8, r, np.int64)
+        c.broadcast(x, src=root)
+        if not (x == root).all():
+            fails.append(f"broadcast from {root} gave {x}")
+    c.close()
+    return {"fails": fails, "msgs": msgs}
+
+
+def test_rooted_disagreements_raise_on_every_rank():
+    res = harness.run_ranks(_rooted_disagreements, 6, init=False, hard_timeout=240)
+    harness.print_and_check(res)
+
+
 def _ctrl_c_during_init(comm):
     """Ctrl-C while init waits: for the census in the store (rank 1 has not come),
     and for a TCP connection (rank 1 stalls after the census). KeyboardInterrupt

@@ -7,9 +7,17 @@ world size 1 otherwise never reaches) and a short GPU sweep.
 - kernels: every dtype x op of ringcomm's CUDA kernels against the CPU kernels, bit for
   bit (NaN payloads aside), aligned and misaligned, in place;
 - every primitive x dtype x op, both algorithm families (nccl, ring), against numpy;
-- stream ordering, overlap with compute, tensor lifetime, CUDA-graph capture, cupy.
+- stream ordering, overlap with compute, tensor lifetime, CUDA-graph capture, cupy;
+- faults (issue 13): closing with a tensor's last reference in flight, the watchdog
+  beside a global-mode capture, a watchdog abort that must raise, DeviceGuard's
+  primary-context check.
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+import threading
 import time
 
 import numpy as np
@@ -229,9 +237,9 @@ def test_overlap_with_compute(comm):
 def test_tensor_lifetime(comm):
     """Free the tensors right after an async op: their memory is not handed to new
     tensors until the op finished (no corruption: the communicator holds references
-    until the op's event completed, and record_stream tells torch's allocator). The op (a ring all_gather: at world
-    size 1 a copy into `out`) is held back on the comm stream by a long kernel queued
-    before it on the caller's stream."""
+    until the op's event completed; no record_stream). The op (a ring all_gather: at
+    world size 1 a copy into `out`) is held back on the comm stream by a long kernel
+    queued before it on the caller's stream."""
     dev = torch.device("cuda", 0)
     for _ in range(5):
         x = torch.ones(1 << 24, device=dev)
@@ -280,3 +288,161 @@ def test_build_and_nccl_info():
     assert info["cuda"] is True
     version, path = ringcomm.cuda.nccl_version()
     assert version >= 21000 and "nccl" in path
+
+
+# ------------------------------------------------ faults (issue 13, defects 1-6)
+
+def _run_fresh(code, timeout=120):
+    """Runs `code` in a fresh interpreter (its own CUDA context); returns its stdout."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       timeout=timeout, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    return r.stdout
+
+
+def test_close_with_the_last_reference_in_flight():
+    """Defect 1: close() a communicator while its call holds the last reference to a
+    tensor, then free and allocate again. With record_stream on the comm stream,
+    torch's allocator would record an event on the stream close() destroyed."""
+    out = _run_fresh("""
+        import torch, ringcomm
+        from torch.distributed import HashStore
+        dev = torch.device("cuda", 0)
+        c = ringcomm.init(rank=0, world_size=1, store=HashStore())
+        n = 1 << 24
+        for algo in ("ring", "nccl"):
+            x, out = torch.ones(n, device=dev), torch.zeros(n, device=dev)
+            c.all_gather(out, x, algo=algo)  # creates the NCCL communicator
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # holds the next calls back on the comm stream
+        w = c.all_gather(out, x, async_op=True, algo="ring")
+        c.all_reduce(out, algo="nccl")
+        del x, out, w  # the last references are the communicator's
+        c.close()  # drains the comm stream, destroys it, then drops them
+        ys = [torch.full((n,), 7.0, device=dev) for _ in range(8)]  # reuses the freed blocks
+        torch.cuda.synchronize()
+        assert all(bool((y == 7).all()) for y in ys)
+        del ys
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_watchdog_leaves_a_global_capture_alone():
+    """Defect 2: an eager call is pending (held back by a long kernel) while this
+    thread captures a CUDA graph in global mode; the watchdog polls its event all
+    along, and another thread asks is_completed() (what _prune does). The capture
+    must end cleanly and the communicator must not be aborted."""
+    from torch.distributed import HashStore
+
+    dev = torch.device("cuda", 0)
+    c = ringcomm.init(rank=0, world_size=1, store=HashStore())
+    try:
+        x, out = torch.ones(1 << 20, device=dev), torch.zeros(1 << 20, device=dev)
+        c.all_gather(out, x, algo="ring")
+        torch.cuda.synchronize(dev)
+        side, cap = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(2_000_000_000)  # about a second of GPU time
+        w = c.all_gather(out, x, async_op=True, stream=side, algo="ring")
+        y = torch.zeros(1 << 16, device=dev)
+        polled = []
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(cap):
+            g.capture_begin(capture_error_mode="global")
+            y.add_(1)
+            t = threading.Thread(target=lambda: polled.append(w.is_completed()))
+            t.start()
+            time.sleep(0.4)  # eight watchdog polls
+            t.join()
+            y.mul_(3)
+            g.capture_end()
+        assert polled == [False]
+        w.synchronize()
+        assert w.exception() is None
+        g.replay()
+        torch.cuda.synchronize(dev)
+        assert torch.all(y == 3)
+        c.all_reduce(out, algo="nccl")  # not aborted
+        torch.cuda.synchronize(dev)
+    finally:
+        c.close()
+
+
+def test_watchdog_abort_raises_and_close_returns():
+    """Defects 3 and 4: a call held past the communicator's 2 s timeout is aborted by
+    the watchdog. Its event completes afterwards (every event does), yet wait() and
+    synchronize() raise, exception() returns the timeout, later calls raise, and
+    close() returns."""
+    from torch.distributed import HashStore
+
+    dev = torch.device("cuda", 0)
+    c = ringcomm.init(rank=0, world_size=1, store=HashStore(), timeout=2)
+    x, out = torch.ones(1 << 20, device=dev), torch.zeros(1 << 20, device=dev)
+    c.all_gather(out, x)
+    torch.cuda.synchronize(dev)
+    done_before = c.all_gather(out, x, async_op=True)
+    done_before.synchronize()
+    side = torch.cuda.Stream(dev)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(10_000_000_000)  # about 5 s of GPU time before the call can start
+    w = c.all_gather(out, x, async_op=True, stream=side)
+    t0 = time.monotonic()
+    with pytest.raises(ringcomm.TimeoutError, match="still running"):
+        w.wait(timeout=0.2)  # bounded: the host waited 0.2 s, the call goes on
+    assert time.monotonic() - t0 < 1.5
+    with pytest.raises(ringcomm.TimeoutError, match="watchdog"):
+        w.synchronize(timeout=60)  # the watchdog's 2 s, not this 60
+    assert time.monotonic() - t0 < 10
+    assert w.is_completed()
+    assert isinstance(w.exception(), ringcomm.TimeoutError)
+    with pytest.raises(ringcomm.RingcommError, match="watchdog"):
+        w.wait()
+    assert done_before.exception() is None  # finished before the error: not covered
+    done_before.synchronize()
+    with pytest.raises(ringcomm.RingcommError, match="unusable"):
+        c.all_gather(out, x)
+    t1 = time.monotonic()
+    c.close()  # returns once the sleep ends (NCCL was aborted)
+    assert time.monotonic() - t1 < 30
+    side.synchronize()
+
+
+def test_primary_context_detection():
+    """Defect 6: DeviceGuard's check. A fresh process has no primary context on GPU 0
+    until something creates one; a guard entered from a thread with no current device
+    leaves it on the guarded device instead of "restoring" GPU 0."""
+    out = _run_fresh("""
+        import threading
+        from ringcomm import _C
+        assert _C._primary_context_active(0) is False, "a fresh process has no context"
+        assert _C.cuda_device_count() >= 1  # initialises the driver, creates no context
+        assert _C._primary_context_active(0) is False, "cuDevicePrimaryCtxGetState says active too early"
+        import torch
+        torch.zeros(1, device="cuda:0")
+        assert _C._primary_context_active(0) is True
+        # A guard of the current device changes nothing.
+        assert _C._device_guard_probe(0) == (0, 0)
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (GPU 0 must stay untouched)")
+def test_work_on_gpu_1_leaves_gpu_0_without_a_context():
+    out = _run_fresh("""
+        import threading
+        from ringcomm import _C
+        got = []
+        t = threading.Thread(target=lambda: got.append(_C._device_guard_probe(1)))
+        t.start(); t.join()
+        assert got == [(1, 1)], got  # left on GPU 1: GPU 0 had no context to go back to
+        assert _C._primary_context_active(0) is False, "the guard created a context on GPU 0"
+        import torch
+        torch.zeros(1, device="cuda:0")
+        assert _C._device_guard_probe(1) == (1, 0)  # a real current device is restored
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")

@@ -211,6 +211,13 @@ def test_report_passes_only_when_every_test_ran_and_passed(tmp_path):
     assert not ok and "no test ran" in lines
     ok, lines = gpu_check_report.verdict(str(tmp_path / "missing.xml"))
     assert not ok and "killed" in lines[0]
+    # A test that needs more GPUs than the machine has is named, and does not fail the run.
+    ok, lines = gpu_check_report.verdict(_junit(tmp_path, [
+        ("a", ""), ("two", '<skipped message="needs two GPUs (GPU 0 must stay untouched)"/>')]))
+    assert ok and lines[0].startswith("1 passed, 0 failed, 0 errors, 0 skipped, 1 skipped as allowed"), lines
+    assert "tests.t::two (needs two GPUs" in lines[0]
+    ok, lines = gpu_check_report.verdict(_junit(tmp_path, [("two", '<skipped message="needs two GPUs"/>')]))
+    assert not ok and "no test ran" in lines
     many = [(f"t{i}", '<skipped message="x"/>') for i in range(9)]
     ok, lines = gpu_check_report.verdict(_junit(tmp_path, many), 2)
     assert lines[-1] == "... and 7 more (see the log)"

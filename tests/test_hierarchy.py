@@ -35,7 +35,8 @@ def _run(labels, env, hard_timeout=240, **kwargs):
 def test_hierarchical_schedules(labels):
     """all_reduce, the trees of trees of broadcast and reduce (every root: the
     matrix rotates them), all_gather and reduce_scatter (per local index across
-    hosts and per host inside: even hosts; uneven ones run the flat ring)."""
+    hosts and per host inside; on uneven hosts the blocks past the smallest host's
+    count take further rounds)."""
     _run(labels, {"RINGCOMM_ALGO": "hierarchical"},
          prims=("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"),
          counts=(0, 1, 2, 7, 1000, 65537), tag=f"hierarchical {labels} ")

@@ -190,7 +190,7 @@ def test_two_hosts_one_and_two_ranks_interleaved(tmp_path):
     _needs_namespaces()
     out = tmp_path / "mh"
     args = ["--hosts", "2", "--ranks-per-host", "1,2", "--placement", "interleaved",
-            "--algos", "ring auto", "-b", "8", "-e", "1K", "-f", "128", "--rate", "10gbit",
+            "--algos", "ring auto", "-b", "8", "-e", "1K", "-f", "128", "--rate", "10gbit", "--calibrate",
             "--out", str(out), "--launch-timeout", "90", "--call-timeout", "60", *TINY_BENCH]
     proc, stdout, stderr = _run(args, tmp_path)
     assert proc.returncode == 0, stdout[-4000:] + stderr[-8000:]
@@ -210,6 +210,14 @@ def test_two_hosts_one_and_two_ranks_interleaved(tmp_path):
     assert interleaved["config"]["rank_hosts"] == ["host0", "host1", "host0", "host1"]
     assert interleaved["backends"]["ringcomm[ring]"]["hosts"] == "0,2 | 1,3"
     assert interleaved["backends"]["ringcomm[auto]"]["algo"] == "auto"
+    # --calibrate: each configuration's parameter file, measured on its hosts, used by its runs.
+    from ringcomm import cost_model
+
+    for run, (per, place) in zip(result["runs"], ((1, "contiguous"), (2, "interleaved"))):
+        path = tmp_path / f"mh_2x{per}_{place}_model.json"
+        params = cost_model.load(str(path))
+        assert params["fit_for"] == [2 * per, 2] and "all_reduce:ring" in params["fit"], params
+        assert run["report"]["backends"]["ringcomm[auto]"]["cost_model"].startswith("file"), run["report"]["backends"]
     text = (tmp_path / "mh.txt").read_text()
     assert result["cpu_model"] and f"# CPU: {result['cpu_model']}" in text
     assert "# command: " in text and "--placement interleaved" in text and "tbf 10gbit" in text

@@ -1,9 +1,9 @@
 """TCP connections are made when a schedule first needs them (csrc/transport/tcp/
 connector.h): with TCP forced between all ranks, a communicator connects only its
 ring neighbours at init, a ring all_reduce uses no other, recursive doubling adds
-its log2 partners, and only all_to_all (everyone talks to everyone) makes the full
-mesh (and so do rooted calls, whose agreement check is all pairs; a barrier
-adds the dissemination partners r + 2^k);
+its log2 partners, a barrier and the agreement check of rooted calls add the
+dissemination partners r + 2^k, and only all_to_all (everyone talks to everyone)
+makes the full mesh;
 each pair of ranks has at most one connection whoever dialled. A peer killed
 before any connection to it exists is still reported, naming it, on every rank.
 
@@ -111,9 +111,9 @@ def _connection_phases(comm):
     for _ in range(3):
         ring.barrier()
     snap("ring barrier", ring_infos)
-    # A chain broadcast and reduce use the ring too, but rooted calls first
-    # check that every rank agrees on the call with every other
-    # (Communicator::push_agreement, all pairs): that connects the full mesh.
+    # A chain broadcast and reduce use the ring too; rooted calls first check
+    # that every rank issued the same call (Communicator::agree_on_call), over
+    # the dissemination barrier's partners: no new connection.
     fails += checks.collective_matrix(ring, prims=("broadcast", "reduce"), dtypes=("float32", "int64"),
                                       counts=(0, 7, 1000), tag="ring ", allow_default=False)
     snap("ring run", ring_infos)
@@ -184,7 +184,7 @@ def test_connections_follow_the_schedules(world_size):
     mesh = {frozenset((a, b)) for a in range(ws) for b in range(a)}
     dissemination = {frozenset((r, (r + d) % ws)) for r in range(ws) for d in (1, 2, 4)}
     want = {"ring init": ring, "ring all_reduce": ring, "ring all_gather": ring, "ring reduce_scatter": ring,
-            "ring barrier": ring | dissemination, "ring run": mesh, "rd init": ring, "rd run": ring | doubling,
+            "ring barrier": ring | dissemination, "ring run": ring | dissemination, "rd init": ring, "rd run": ring | doubling,
             "all_to_all run": mesh}
     fails = []
     for phase, expect in want.items():

@@ -69,10 +69,25 @@ void pairwise_all_to_all(const PlanContext& c, const char* in, char* out, size_t
   push_copy(c, in + r * nbytes, out + r * nbytes, nbytes);
 }
 
-void all_pairs_barrier(const PlanContext& c) {
+// The dissemination pattern below with a payload: every round sends this
+// rank's pair of words to r + 2^k and folds what r - 2^k sends into the
+// other half of `state` (elementwise, by the run's reducer: a minimum), so
+// the round's send never reads what its receive writes. A minimum does not
+// mind counting a rank twice (non-powers of two), so after ceil(log2 n)
+// rounds every rank holds the minimum over all ranks.
+uint64_t* dissemination_agreement(const PlanContext& c, uint64_t* state) {
   const int n = c.world, r = c.rank;
-  for (int i = 1; i < n; ++i) push_send(c, mod(r + i, n), nullptr, 0);
-  for (int i = 1; i < n; ++i) push_recv(c, mod(r - i, n), nullptr, 0);
+  int cur = 0;
+  for (int d = 1; d < n; d *= 2) {
+    uint64_t* mine = state + 2 * cur;
+    uint64_t* next = state + 2 * (1 - cur);
+    push_send(c, mod(r + d, n), mine, 2 * sizeof(uint64_t));
+    push_recv_reduce(c, mod(r - d, n), reinterpret_cast<const char*>(mine), reinterpret_cast<char*>(next),
+                     2 * sizeof(uint64_t));
+    push_fence(c);
+    cur = 1 - cur;
+  }
+  return state + 2 * cur;
 }
 
 // The dissemination barrier (Hensgen, Finkel and Manber 1988): in round k

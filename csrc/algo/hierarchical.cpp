@@ -28,10 +28,6 @@ namespace {
 // No hierarchy to use: one host (or no topology for this context).
 bool one_host(const PlanContext& c) { return c.topo == nullptr || c.topo->hosts == 1 || c.topo->world() != c.world; }
 
-// Even hosts (every host the same number of ranks): the column layout of
-// all_gather / reduce_scatter, rank (host g, local index q) at g, q.
-bool even_hosts(const PlanContext& c) { return !one_host(c) && c.topo->min_local == c.topo->max_local; }
-
 // The context of a group of the communicator's ranks (`members`, this rank
 // at `index`): peers by group index, rings in group order.
 PlanContext group_of(const PlanContext& c, const std::vector<int>& members, int index) {
@@ -91,60 +87,127 @@ void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool
 }
 
 
-// Hierarchical all-gather (even hosts): an inter-host ring all-gather among
-// the ranks of equal local index q (each gets the blocks of every host's
-// q-th rank), then, inside each host, one ring all-gather per host g of its
-// q-th ranks' blocks (position q forwards block (g, q)): every block crosses
-// the network once per host, in H-1 hops, and the host's links carry
-// L rings at once.
+// Hierarchical all-gather and reduce-scatter, on any hosts. With lmin the
+// fewest ranks a host has, local index q < lmin is column q (one rank per
+// host), and block (g, i) -- the block of host g's i-th rank -- travels
+// across hosts in column i mod lmin, in round i / lmin (rounds: enough for
+// the largest host). On even hosts that is one round, each rank carrying
+// its own block.
+//
+// All-gather: (1) a rank past lmin hands its block to its host's column
+// rank i mod lmin; (2) per column and round, an inter-host ring all-gather
+// of that round's blocks (every block crosses the network once per host, in
+// H-1 hops, lmin rings sharing each host's link); (3) inside each host, per
+// host g and round, a ring all-gather in which column position p forwards
+// block (g, round * lmin + p) and the ranks past lmin only pass blocks on.
+namespace {
+
+struct Columns {
+  int lmin, rounds;
+  // Block (g, i), or an empty one where host g has no rank i.
+  Range block(const Topology& t, int g, int i, size_t count_per_rank) const {
+    if (i >= t.local_count(g)) return {0, 0};
+    return {static_cast<size_t>(t.members[g][i]) * count_per_rank, count_per_rank};
+  }
+};
+
+Columns columns_of(const Topology& t) {
+  return {t.min_local, (t.max_local + t.min_local - 1) / t.min_local};
+}
+
+}  // namespace
+
 void hierarchical_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank) {
-  if (!even_hosts(c)) {
+  if (one_host(c)) {
     ring_all_gather(c, in, out, count_per_rank);
     return;
   }
   const Topology& t = *c.topo;
   const int h = t.host_of[c.rank], q = t.local_index[c.rank], hosts = t.hosts, l = t.local_count(h);
+  const Columns col = columns_of(t);
   const size_t bytes = count_per_rank * c.elem;
   push_copy(c, in, out + c.rank * bytes, bytes);
-  const std::vector<int> peers = column(t, q);
+  if (col.rounds > 1) {
+    if (q >= col.lmin) {
+      push_send(c, t.members[h][q % col.lmin], in, bytes);
+    } else {
+      for (int i = q + col.lmin; i < l; i += col.lmin) {
+        push_recv(c, t.members[h][i], out + t.members[h][i] * bytes, bytes);
+      }
+    }
+    push_fence(c);
+  }
   std::vector<Range> blocks(std::max(hosts, l));
-  for (int g = 0; g < hosts; ++g) blocks[g] = {static_cast<size_t>(peers[g]) * count_per_rank, count_per_rank};
-  ring_all_gather_blocks(group_of(c, peers, h), out, blocks.data(), count_per_rank);
-  push_fence(c);
+  if (q < col.lmin) {
+    const std::vector<int> peers = column(t, q);  // outlives the context that points into it
+    const PlanContext across = group_of(c, peers, h);
+    for (int k = 0; k < col.rounds; ++k) {
+      bool any = false;
+      for (int g = 0; g < hosts; ++g) any |= (blocks[g] = col.block(t, g, k * col.lmin + q, count_per_rank)).count > 0;
+      if (any) ring_all_gather_blocks(across, out, blocks.data(), count_per_rank);
+    }
+    push_fence(c);
+  }
   const PlanContext intra = host_group(c);
   for (int g = 0; g < hosts; ++g) {
-    for (int i = 0; i < l; ++i) blocks[i] = {static_cast<size_t>(t.members[g][i]) * count_per_rank, count_per_rank};
-    ring_all_gather_blocks(intra, out, blocks.data(), count_per_rank);
+    for (int k = 0; k < col.rounds; ++k) {
+      bool any = false;
+      for (int p = 0; p < l; ++p) {
+        blocks[p] = p < col.lmin ? col.block(t, g, k * col.lmin + p, count_per_rank) : Range{0, 0};
+        any |= blocks[p].count > 0;
+      }
+      if (any) ring_all_gather_blocks(intra, out, blocks.data(), count_per_rank);
+    }
   }
 }
 
-// Hierarchical reduce-scatter (even hosts), the other way round: inside
-// each host one ring reduce-scatter per host g (position q ends with block
-// (g, q) summed over the host), then an inter-host ring reduce-scatter among
-// the ranks of equal local index over their column of blocks. It works on a
-// copy of the input in `scratch` (world * count_per_rank elements).
+// Reduce-scatter, the other way round, on a copy of the input in `scratch`
+// (world * count_per_rank elements): (1) inside each host, per host g and
+// round, a ring reduce-scatter in which column position p ends with block
+// (g, round * lmin + p) summed over the host (every rank feeds its data in);
+// (2) per column and round, an inter-host ring reduce-scatter of that
+// round's blocks (AVG divides here, once); (3) a column rank sends each
+// finished block past lmin to the rank it belongs to.
 void hierarchical_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
                                  char* scratch, bool avg) {
-  if (!even_hosts(c)) {
+  if (one_host(c)) {
     ring_reduce_scatter(c, in, out, count_per_rank, avg);
     return;
   }
   const Topology& t = *c.topo;
   const int h = t.host_of[c.rank], q = t.local_index[c.rank], hosts = t.hosts, l = t.local_count(h);
+  const Columns col = columns_of(t);
   const size_t bytes = count_per_rank * c.elem;
   push_copy(c, in, scratch, bytes * c.world);
   std::vector<Range> blocks(std::max(hosts, l));
   const PlanContext intra = host_group(c);
   for (int g = 0; g < hosts; ++g) {
-    for (int i = 0; i < l; ++i) blocks[i] = {static_cast<size_t>(t.members[g][i]) * count_per_rank, count_per_rank};
-    ring_reduce_scatter_blocks(intra, scratch, blocks.data(), count_per_rank);
+    for (int k = 0; k < col.rounds; ++k) {
+      bool any = false;
+      for (int p = 0; p < l; ++p) {
+        blocks[p] = p < col.lmin ? col.block(t, g, k * col.lmin + p, count_per_rank) : Range{0, 0};
+        any |= blocks[p].count > 0;
+      }
+      if (any) ring_reduce_scatter_blocks(intra, scratch, blocks.data(), count_per_rank);
+    }
   }
   push_fence(c);
-  const std::vector<int> peers = column(t, q);
-  for (int g = 0; g < hosts; ++g) blocks[g] = {static_cast<size_t>(peers[g]) * count_per_rank, count_per_rank};
-  ring_reduce_scatter_blocks(group_of(c, peers, h), scratch, blocks.data(), count_per_rank, avg);
-  push_fence(c);
-  push_copy(c, scratch + c.rank * bytes, out, bytes);
+  if (q < col.lmin) {
+    const std::vector<int> peers = column(t, q);  // outlives the context that points into it
+    const PlanContext across = group_of(c, peers, h);
+    for (int k = 0; k < col.rounds; ++k) {
+      bool any = false;
+      for (int g = 0; g < hosts; ++g) any |= (blocks[g] = col.block(t, g, k * col.lmin + q, count_per_rank)).count > 0;
+      if (any) ring_reduce_scatter_blocks(across, scratch, blocks.data(), count_per_rank, avg);
+    }
+    push_fence(c);
+    for (int i = q + col.lmin; i < l; i += col.lmin) {
+      push_send(c, t.members[h][i], scratch + t.members[h][i] * bytes, bytes);
+    }
+    push_copy(c, scratch + c.rank * bytes, out, bytes);
+  } else {
+    push_recv(c, t.members[h][q % col.lmin], out, bytes);
+  }
 }
 
 

@@ -117,8 +117,11 @@ void chain_reduce(const PlanContext& c, int root, char* buf, size_t count, bool 
 void direct_scatter(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
 void direct_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
 void pairwise_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes_per_rank);
-void all_pairs_barrier(const PlanContext& c);
 void dissemination_barrier(const PlanContext& c);
+// The dissemination barrier carrying two words a rank, reduced by the run's
+// reducer (Communicator::agree_on_call: a minimum) as they spread.
+// `state`: four words, this rank's pair first; returns where the result is.
+uint64_t* dissemination_agreement(const PlanContext& c, uint64_t* state);
 
 // Pull (single copy: peers read each other's buffers, see algo/pull.cpp).
 void pull_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);

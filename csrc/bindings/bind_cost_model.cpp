@@ -1,11 +1,14 @@
 // The cost model: a communicator's own (explain, calibrate, its parameters)
 // and a free-standing one over any described topology (ringcomm-bench
 // --simulate, tests).
+#include <cmath>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
 #include "bindings/calls.h"
+#include "comm/algo_choice.h"
 #include "comm/communicator.h"
 #include "comm/cost_model.h"
 #include "ringcomm/types.h"
@@ -38,7 +41,48 @@ py::dict params_dict(const CostParams& p) {
   d["gamma"] = p.gamma;
   d["nics"] = p.nics;
   d["source"] = p.source;
+  if (!p.fits.empty()) {
+    py::dict fit;
+    for (const FamilyFit& f : p.fits) {
+      py::list pts;
+      for (const auto& [bytes, ratio] : f.points) pts.append(py::make_tuple(bytes, ratio));
+      fit[py::str(std::string(op_kind_name(f.kind)) + ":" + algo_name(f.algo))] = pts;
+    }
+    d["fit"] = fit;
+    d["fit_for"] = py::make_tuple(p.fit_world, p.fit_hosts);
+  }
   return d;
+}
+
+// "op:family" -> (op, family), checked as RINGCOMM_ALGO's per-op form is.
+FamilyFit fit_of(const std::string& name, const py::handle& points) {
+  AlgoChoice choice;
+  try {
+    choice = parse_algo_choice(name);
+  } catch (const ValueError& e) {
+    throw ValueError("cost model: fit '" + name + "': " + e.what());
+  }
+  FamilyFit f{OpKind::kAllReduce, Algo::kAuto, {}};
+  int named = 0;
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    if (choice.by_op[k] != Algo::kAuto) {
+      f.kind = static_cast<OpKind>(k);
+      f.algo = choice.by_op[k];
+      ++named;
+    }
+  }
+  if (named != 1 || name.find(':') == std::string::npos) {
+    throw ValueError("cost model: a fit is named op:family (e.g. all_reduce:ring), got '" + name + "'");
+  }
+  for (auto pt : points.cast<py::list>()) {
+    auto xy = pt.cast<std::pair<double, double>>();
+    const bool ascending = f.points.empty() || xy.first > f.points.back().first;
+    if (!(xy.first > 0 && xy.second > 0 && std::isfinite(xy.first) && std::isfinite(xy.second) && ascending)) {
+      throw ValueError("cost model: fit " + name + " needs (bytes, ratio) points, both positive, bytes ascending");
+    }
+    f.points.push_back(xy);
+  }
+  return f;
 }
 
 LinkCost link_from(const py::dict& d) {
@@ -53,6 +97,16 @@ CostParams params_from(const py::dict& d) {
   if (d.contains("nics")) p.nics = d["nics"].cast<int>();  // optional: one network link per host
   if (p.nics < 1) throw ValueError("cost model: nics must be >= 1, got " + std::to_string(p.nics));
   p.source = d.contains("source") ? d["source"].cast<std::string>() : "given";
+  if (d.contains("fit")) {
+    for (auto item : d["fit"].cast<py::dict>()) {
+      p.fits.push_back(fit_of(item.first.cast<std::string>(), item.second));
+    }
+    if (d.contains("fit_for")) {
+      auto wh = d["fit_for"].cast<std::pair<int, int>>();
+      p.fit_world = wh.first;
+      p.fit_hosts = wh.second;
+    }
+  }
   return p;
 }
 

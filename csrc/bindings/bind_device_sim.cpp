@@ -1,11 +1,18 @@
-// Test hooks for the GPU path's logic, which runs without a GPU: one collective
-// of the GPU "ring" family through the device executor over the in-process
-// NCCL stand-in (comm/device_sim.h), all ranks on threads of this process, on
-// numpy buffers; and the rule that picks a GPU call's family (comm/gpu_algo.h).
-// Not part of the public API.
+// Test hooks for the GPU path's logic that runs without a GPU. Not part of the
+// public API.
+// - _simulate_device_call: one collective of the GPU "ring" family through
+//   the device executor over the in-process NCCL stand-in (comm/device_sim.h),
+//   all ranks on threads of this process, on numpy buffers;
+// - _gpu_family: the rule that picks a GPU call's family (comm/gpu_algo.h);
+// - _FaultRecord / _AbortGate: the GPU communicator's fault bookkeeping
+//   (comm/fault_state.h); the gate's teardown here marks a stand-in handle
+//   dead, and _abort_gate_race checks on threads that no user ever sees it
+//   dead while inside.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <thread>
 
@@ -13,13 +20,96 @@
 #include "bindings/buffers.h"
 #include "comm/call_plan.h"
 #include "comm/device_sim.h"
+#include "comm/fault_state.h"
 #include "comm/gpu_algo.h"
 
 namespace py = pybind11;
 
 namespace ringcomm {
 
+namespace {
+
+// An AbortGate whose teardown counts itself and records how many users were
+// inside when it ran (must be 0).
+struct GateProbe {
+  AbortGate gate;
+  std::atomic<int> inside{0};
+  int teardowns = 0;
+  int destroys = 0;
+  int users_at_teardown = -1;
+  void teardown() {
+    ++teardowns;
+    users_at_teardown = inside.load();
+  }
+};
+
+void bind_fault_state(py::module_& m) {
+  py::class_<FaultRecord>(m, "_FaultRecord")
+      .def(py::init<>())
+      .def("set", &FaultRecord::set, py::arg("why"), py::arg("timeout"), py::arg("finished"))
+      .def("failed", &FaultRecord::failed)
+      .def("message", &FaultRecord::message)
+      .def("error_of", &FaultRecord::error_of)
+      .def("timeout", &FaultRecord::timeout);
+  py::class_<GateProbe>(m, "_AbortGate")
+      .def(py::init<>())
+      .def("enter", [](GateProbe& p) {
+        const bool ok = p.gate.enter();
+        if (ok) ++p.inside;
+        return ok;
+      })
+      .def("leave", [](GateProbe& p) {
+        --p.inside;
+        p.gate.leave();
+      })
+      .def("abort", [](GateProbe& p) { p.gate.abort([&p] { p.teardown(); }); })
+      .def("retire", [](GateProbe& p) { p.gate.retire([&p] { ++p.destroys; }); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("aborted", [](GateProbe& p) { return p.gate.aborted(); })
+      .def_property_readonly("teardowns", [](const GateProbe& p) { return p.teardowns; })
+      .def_property_readonly("destroys", [](const GateProbe& p) { return p.destroys; })
+      .def_property_readonly("users_at_teardown", [](const GateProbe& p) { return p.users_at_teardown; });
+  // `users` threads enter, touch the stand-in handle, leave, in a loop; one
+  // more aborts after `abort_after_us`. Returns (uses of a dead handle, uses
+  // in all, teardowns): a safe gate gives (0, >0, 1).
+  m.def(
+      "_abort_gate_race",
+      [](int users, int abort_after_us) {
+        AbortGate gate;
+        std::atomic<bool> alive{true};
+        std::atomic<int> dead_uses{0}, uses{0}, teardowns{0};
+        {
+          py::gil_scoped_release release;
+          std::vector<std::thread> threads;
+          for (int t = 0; t < users; ++t) {
+            threads.emplace_back([&] {
+              while (gate.enter()) {  // until the abort
+                for (int i = 0; i < 50; ++i) {  // a call queuing work on the handle
+                  if (!alive) ++dead_uses;
+                  ++uses;
+                }
+                gate.leave();
+              }
+            });
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(abort_after_us));
+          gate.abort([&] {
+            alive = false;
+            ++teardowns;
+          });
+          gate.abort([&] { ++teardowns; });  // a second abort does nothing
+          for (auto& t : threads) t.join();
+          gate.retire([&] { ++teardowns; });  // nothing to destroy after an abort
+        }
+        return py::make_tuple(dead_uses.load(), uses.load(), teardowns.load());
+      },
+      py::arg("users"), py::arg("abort_after_us"));
+}
+
+}  // namespace
+
 void bind_device_sim(py::module_& m) {
+  bind_fault_state(m);
   m.def(
       "_simulate_device_call",
       [](const std::string& kind, py::list outs, py::list ins, int op, int root, size_t chunk_bytes,

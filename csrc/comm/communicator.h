@@ -42,9 +42,10 @@ struct Config {
   size_t pull_min_bytes = 16 << 20;     // send/recv of at least this size pull
   double timeout_s = 300.0;
   std::string transport = "auto";       // bootstrap: auto (TCP to other hosts) | shm | tcp (every peer)
-  // Rooted calls (broadcast, reduce, scatter, gather) first exchange their
-  // headers with every peer, so ranks that disagree on the root (or on
-  // anything else) all raise CollectiveMismatchError before any returns.
+  // Rooted calls (broadcast, reduce, scatter, gather) first check that all
+  // ranks issued the same call (agree_on_call), so ranks that disagree on the
+  // root (or on anything else) all raise CollectiveMismatchError before any
+  // returns.
   bool check_agreement = true;
   // The cost model's parameters (Python reads this; comm/calibrate.cpp):
   // "measure" at init, "default", or a file `ringcomm-bench --calibrate` wrote.
@@ -203,7 +204,9 @@ class Communicator {
   void check_thread(const char* name);
   void record(const Call& c, CallState state);
   CallInfo info_of(const Call& c) const;
-  void push_agreement(const PlanContext& ctx);
+  // Rooted calls: every rank checks, before the data moves, that all ranks
+  // issued this same call (raises MismatchError on every rank if not).
+  void agree_on_call(const Call& c, Clock::time_point deadline, const CallInfo& info);
   // A thread inside a call of this communicator (close() waits for it to leave).
   // The thread also notes which communicators it is inside (a signal
   // handler run by a wait of this call must not close() it under its feet).
@@ -226,6 +229,8 @@ class Communicator {
   Router router_;                      // which transport reaches which peer
   Executor executor_;
   Schedule schedule_;           // reused by every call (one call runs at a time)
+  Schedule agreement_schedule_;  // agree_on_call's rounds
+  uint64_t agreement_state_[4] = {};
   std::vector<char> scratch_;   // one-shot all_reduce inputs
   std::vector<const char*> small_in_;  // small all_reduce: the inputs, by rank
   bool small_path_ = false;            // small all_reduce: on (the algorithm allows one-shot) ...

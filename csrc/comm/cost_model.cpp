@@ -147,6 +147,18 @@ CostModel::CostModel(Topology topo, CostParams params, ModelLimits limits)
   build();
 }
 
+double FamilyFit::ratio(double bytes) const {
+  if (points.empty()) return 1;
+  if (bytes <= points.front().first) return points.front().second;
+  if (bytes >= points.back().first) return points.back().second;
+  size_t i = 1;
+  while (points[i].first < bytes) ++i;
+  const auto& [x0, r0] = points[i - 1];
+  const auto& [x1, r1] = points[i];
+  const double t = std::log(bytes / x0) / std::log(x1 / x0);
+  return r0 + t * (r1 - r0);
+}
+
 void CostModel::build() {
   entries_.clear();
   const int n = topo_.world();
@@ -159,6 +171,9 @@ void CostModel::build() {
     e.kind = k;
     e.algo = a;
     e.cost = c;
+    for (size_t i = 0; i < p.fits.size(); ++i) {
+      if (p.fits[i].kind == k && p.fits[i].algo == a) e.fit = static_cast<int>(i);
+    }
     entries_.push_back(e);
     return entries_.size() - 1;
   };
@@ -173,13 +188,17 @@ void CostModel::build() {
   }
   const LinkCost& worst = topo_.hosts > 1 ? p.inter : p.intra;
   const AllPairs pairs = all_pairs(topo_, p);
-  // Every rank messages every other once (barrier, agreement, one-shot): the
+  // Every rank messages every other once (one-shot, scatter, all-to-all): the
   // first message's latency plus issuing the rest.
   const double all_pairs_a = worst.alpha + (n - 2) * (pairs.inter ? p.inter.overhead : p.intra.overhead);
   auto all_pairs_b = [&](double frac) {
     return frac * std::max(pairs.inter ? p.inter.beta * pairs.inter_msgs : 0.0, p.intra.beta * pairs.intra_msgs);
   };
-  const double agreement = limits_.check_agreement ? all_pairs_a : 0;
+  // The dissemination barrier: ceil(log2 n) rounds of one message; rooted
+  // calls run it first, carrying the agreement check (a few words).
+  Tally bar{p, {}};
+  for (int d = 1; d < n; d *= 2) bar.step(shape_of(topo_, [&](int r) { return (r + d) % n; }, per_host), 0);
+  const double agreement = limits_.check_agreement ? bar.cost.a : 0;
 
   // Ring (host-contiguous): 2(n-1) steps of S/n for all_reduce.
   const StepShape ring = ring_shape(topo_, per_host);
@@ -216,14 +235,19 @@ void CostModel::build() {
     add(OpKind::kAllReduce, Algo::kHierarchical, c);
   }
 
-  // Hierarchical all-gather / reduce-scatter (even hosts only: the flat ring
-  // otherwise): H-1 inter-host steps of S/n with L rings sharing each
-  // host's link, then H intra-host rings of L-1 steps of S/n.
-  if (topo_.hosts > 1 && topo_.max_local > 1 && topo_.min_local == topo_.max_local) {
-    const double l = topo_.max_local, h = topo_.hosts;
-    Affine ag{(h - 1) * p.inter.alpha + h * (l - 1) * p.intra.alpha,
-              ((h - 1) * p.inter.beta * link_share(p, l) + h * (l - 1) * p.intra.beta) / dn};
-    Affine rs{ag.a, ag.b + ((h - 1) + h * (l - 1)) * p.gamma / dn};
+  // Hierarchical all-gather / reduce-scatter (algo/hierarchical.cpp): per
+  // round (one on even hosts, ceil(lmax / lmin) otherwise) H-1 inter-host
+  // steps of S/n, lmin rings sharing each host's link, and per host g and
+  // round an intra-host ring of lmax-1 steps of S/n; uneven hosts add one
+  // intra-host message for the blocks past lmin.
+  if (topo_.hosts > 1 && topo_.max_local > 1) {
+    const double lmin = topo_.min_local, lmax = topo_.max_local, h = topo_.hosts;
+    const double rounds = std::ceil(lmax / lmin);
+    const double extra = lmax > lmin ? 1 : 0;
+    Affine ag{rounds * ((h - 1) * p.inter.alpha + h * (lmax - 1) * p.intra.alpha) + extra * p.intra.alpha,
+              (rounds * ((h - 1) * p.inter.beta * link_share(p, lmin) + h * (lmax - 1) * p.intra.beta) +
+               extra * p.intra.beta) / dn};
+    Affine rs{ag.a, ag.b + rounds * ((h - 1) + h * (lmax - 1)) * p.gamma / dn};
     add(OpKind::kAllGather, Algo::kHierarchical, ag);
     add(OpKind::kReduceScatter, Algo::kHierarchical, rs);
   }
@@ -280,9 +304,6 @@ void CostModel::build() {
     add(OpKind::kScatter, Algo::kDirect, rooted);
     add(OpKind::kGather, Algo::kDirect, rooted);
     add(OpKind::kAllToAll, Algo::kDirect, {all_pairs_a, all_pairs_b(1 / dn)});
-    // The dissemination barrier: ceil(log2 n) rounds of one message.
-    Tally bar{p, {}};
-    for (int d = 1; d < n; d *= 2) bar.step(shape_of(topo_, [&](int r) { return (r + d) % n; }, per_host), 0);
     add(OpKind::kBarrier, Algo::kDirect, bar.cost);
   }
 }
@@ -292,7 +313,7 @@ double CostModel::eval(const Entry& e, size_t nbytes) const {
   double t = e.cost.a + e.cost.b * s;
   // Chains: each hop but the last also waits for the first slot to arrive.
   t += e.fill_hops * std::min<double>(s, static_cast<double>(limits_.slot_bytes)) * e.cost.b;
-  return t;
+  return e.fit >= 0 ? t * params_.fits[e.fit].ratio(s) : t;
 }
 
 std::vector<Prediction> CostModel::predict(OpKind kind, size_t nbytes) const {

@@ -36,10 +36,26 @@ struct LinkCost {
   double overhead = 0;  // seconds a rank spends issuing each further message of a step
 };
 
+// A family's formula corrected by measurement (ringcomm-bench --calibrate
+// times each family at a few sizes): at each measured size the ratio of the
+// measured time to the formula's, in between interpolated in log(size),
+// beyond the ends the nearest ratio. The formulas know a schedule's shape,
+// not what the machine does with it (a ring's steps overlapping one another,
+// eight ranks sharing two cores, a socket buffer's size): the ratios say
+// by how much, per family, on the topology they were measured on.
+struct FamilyFit {
+  OpKind kind;
+  Algo algo;
+  std::vector<std::pair<double, double>> points;  // (bytes, measured / formula), bytes ascending
+  double ratio(double bytes) const;
+};
+
 struct CostParams {
   LinkCost intra;       // ranks of one host
   LinkCost inter;       // ranks of different hosts
   double gamma = 0;     // seconds per byte reduced
+  std::vector<FamilyFit> fits;  // empty: the formulas as they are
+  int fit_world = 0, fit_hosts = 0;  // the topology the fits were measured on
   // Independent inter-host links per host: 1 for a host with one network
   // port (every cross-host transfer of its ranks shares it), 8 for a DGX
   // node with one NIC per GPU. Each rank's transfers take one link.
@@ -55,7 +71,7 @@ CostParams default_cost_params();
 struct ModelLimits {
   size_t slot_bytes = 128 * 1024;     // chain pipeline segment
   size_t oneshot_max_bytes = 1 << 20; // one-shot needs world * S of scratch: not beyond this
-  bool check_agreement = true;        // rooted calls first exchange headers with every peer
+  bool check_agreement = true;        // rooted calls first run the agreement check (Communicator::agree_on_call)
 };
 
 struct Prediction {
@@ -91,6 +107,7 @@ class CostModel {
     OpKind kind;
     Algo algo;
     Affine cost;
+    int fit = -1;  // its correction in params_.fits, if any
     int fill_hops = 0;  // chains: hops that add the pipeline fill of one slot (at cost.b per byte)
     size_t max_bytes = SIZE_MAX;  // not a candidate above this size
   };

@@ -202,7 +202,8 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
     p.regions = {{"out", call.out, out_bytes, true},
                  {"in", call.in, in_bytes, false},
                  {"scratch", call.scratch, scratch_bytes(call, c.elem, n), true},
-                 {"addrs", reinterpret_cast<const char*>(p.addrs.data()), n * sizeof(uint64_t), true}};
+                 {"addrs", reinterpret_cast<const char*>(p.addrs.data()), n * sizeof(uint64_t), true},
+                 {"agreement", fake(3), 4 * sizeof(uint64_t), true}};
     p.tag.kind = static_cast<uint8_t>(c.kind);
     p.tag.root = c.root;
     p.tag.seq = 1;
@@ -213,7 +214,9 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
       ctx.ring = c.ring.data();
       ctx.ring_pos = static_cast<int>(std::find(c.ring.begin(), c.ring.end(), r) - c.ring.begin());
     }
-    if (c.agreement && rooted(c.kind) && n > 1) all_pairs_barrier(ctx);
+    // Communicator::agree_on_call runs its rounds (each ends in a fence) before
+    // the call's steps: the same as running them first in one schedule.
+    if (c.agreement && rooted(c.kind) && n > 1) dissemination_agreement(ctx, reinterpret_cast<uint64_t*>(fake(3)));
     if (c.kind == OpKind::kBarrier) {
       dissemination_barrier(ctx);  // as Communicator::plan
     } else {

@@ -47,7 +47,7 @@ struct PlanCheckCall {
   bool avg = false;
   std::vector<int> ring;   // the ring's order (position -> rank); empty: rank order
   std::vector<int> hosts;  // each rank's host label (hierarchical schedules); empty: one host
-  bool agreement = false;  // rooted calls: the header exchange Communicator::plan puts first
+  bool agreement = false;  // rooted calls: the rounds Communicator::agree_on_call runs first
   size_t slot_bytes = 128 * 1024;
   int nslots = 16;
   size_t slice_elems = 0;  // 0: as the communicator picks (ring_slice_elems)

@@ -144,7 +144,7 @@ class Communicator:
             native.set_pull(all(p is True for p in pulls))
             # 4. The cost model's parameters, the same on every rank.
             if cost_params is not None:
-                native.set_cost_params(cost_params)
+                native.set_cost_params(cost_model.for_topology(cost_params, world_size, labels))
             else:
                 cost_model.agree(native, store, f"{prefix}/cost", rank, world_size, mode, given, labels,
                                  config.timeout_s)

@@ -26,6 +26,13 @@ from ringcomm import _C
 _LINK_RANGES = {"alpha": (1e-9, 10.0), "beta": (1e-15, 1e-3), "overhead": (0.0, 10.0)}
 _GAMMA_RANGE = (1e-15, 1e-3)
 _NICS_RANGE = (1, 1024)
+# A family's fit (ringcomm-bench --calibrate): at each measured size, the
+# measured time over the formula's (interpolated between sizes); beyond this
+# range the formula or the measurement is broken, not the machine.
+_FIT_RATIO = (0.02, 50.0)
+_FIT_BYTES = (1, 1 << 40)
+_MAX_FITS = 64
+_MAX_FIT_POINTS = 32
 MAX_FILE_BYTES = 1 << 16
 FORMAT = "ringcomm-cost-model/1"
 
@@ -55,7 +62,44 @@ def check_params(params, where="cost model parameters"):
         raise ValueError(f"{where}: nics must be an integer in [{_NICS_RANGE[0]}, {_NICS_RANGE[1]}], "
                          f"got {nics!r:.40}")
     out["nics"] = nics
+    fit = params.get("fit")
+    if fit is not None:
+        out["fit"] = _check_fit(fit, where)
+        # The topology the fit was measured on: [world size, hosts].
+        fit_for = params.get("fit_for")
+        if not (isinstance(fit_for, (list, tuple)) and len(fit_for) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 24 for v in fit_for)):
+            raise ValueError(f"{where}: a fit needs fit_for = [world size, hosts] it was measured on, "
+                             f"got {fit_for!r:.60}")
+        out["fit_for"] = list(fit_for)
     out["source"] = str(params.get("source", "given"))[:200]
+    return out
+
+
+def _check_fit(fit, where):
+    if not isinstance(fit, dict) or len(fit) > _MAX_FITS:
+        raise ValueError(f"{where}: fit must be an object of at most {_MAX_FITS} "
+                         f"\"op:family\": [[bytes, ratio], ...] entries")
+    out = {}
+    for name, points in fit.items():
+        if not isinstance(name, str) or name.count(":") != 1 or len(name) > 64:
+            raise ValueError(f"{where}: a fit is named op:family (e.g. all_reduce:ring), got {name!r:.70}")
+        try:
+            _C.check_algo(name)  # the op has that family (RINGCOMM_ALGO's per-op form)
+        except ValueError as e:
+            raise ValueError(f"{where}: fit {name}: {e}") from None
+        if not isinstance(points, (list, tuple)) or not 1 <= len(points) <= _MAX_FIT_POINTS:
+            raise ValueError(f"{where}: fit {name} must be a list of 1 to {_MAX_FIT_POINTS} [bytes, ratio] points")
+        pts = []
+        for pt in points:
+            if not isinstance(pt, (list, tuple)) or len(pt) != 2:
+                raise ValueError(f"{where}: fit {name}: a point is [bytes, ratio], got {pt!r:.60}")
+            x = _number(pt[0], f"{where}: fit {name} bytes", *_FIT_BYTES)
+            y = _number(pt[1], f"{where}: fit {name} ratio", *_FIT_RATIO)
+            if pts and x <= pts[-1][0]:
+                raise ValueError(f"{where}: fit {name}: the sizes must ascend")
+            pts.append([x, y])
+        out[name] = pts
     return out
 
 
@@ -148,6 +192,20 @@ def median(values, where):
     return values[len(values) // 2]
 
 
+def for_topology(params, world_size, host_labels):
+    """`params` without their fit when it was measured on another topology
+    (another world size or number of hosts: its ratios say nothing here),
+    the source saying so."""
+    here = [world_size, len(set(host_labels))]
+    if "fit" not in params or list(params.get("fit_for", ())) == here:
+        return params
+    out = {k: v for k, v in params.items() if k not in ("fit", "fit_for")}
+    w, h = params.get("fit_for", (0, 0))
+    out["source"] = (f"{params.get('source', 'given')}; its fit, measured on {w} ranks on {h} host(s), "
+                     f"left out ({here[0]} on {here[1]} here)")[:200]
+    return out
+
+
 def agree(native, store, prefix, rank, world_size, mode, given, host_labels, timeout_s, alive=None):
     """The parameters every rank of a new communicator uses, the same on all:
     "default" the built-in ones; "file" rank 0's `given` (published through
@@ -183,6 +241,7 @@ def agree(native, store, prefix, rank, world_size, mode, given, host_labels, tim
         params = got[0].get("params")
         params = {**check_params(params, "rank 0's cost model parameters in the store"),
                   "source": "file (rank 0's RINGCOMM_COST_MODEL)"}
+        params = for_topology(params, world_size, host_labels)
     else:
         for link in ("intra", "inter"):
             recs = [got[r].get(link) for r in sample[link]]

@@ -11,16 +11,26 @@ device), runs on the communicator's own stream, and
 - with ``async_op=True`` a :class:`GpuWork` comes back: ``wait()`` makes the caller's
   current stream wait (no host block), ``synchronize()`` blocks the host.
 
-Buffers stay alive until the operation finished: references are held until its event
-completes, and torch tensors are also ``record_stream``'ed on the comm stream so the
-caching allocator never hands their memory out early. A stream capturing a CUDA graph
-gets the operation queued on itself (NCCL and ringcomm's kernels are capturable).
+Buffers stay alive until the operation finished: the communicator holds references to
+them until the host has seen the operation's event complete (or, at close(), until its
+stream is drained). Tensors are not ``record_stream``'ed on the comm stream (what
+torch's NCCL backend does under TORCH_NCCL_AVOID_RECORD_STREAMS=1): the references alone
+keep the caching allocator from handing their memory out early, and torch never holds an
+event on a stream that close() destroys. A stream capturing a CUDA graph gets the
+operation queued on itself (NCCL and ringcomm's kernels are capturable).
+
+Errors: an operation the watchdog aborted (or that an NCCL error struck after it was
+queued) raises from ``synchronize()`` and ``wait()``, and ``exception()`` returns its
+error, although its event completes (every event does once NCCL is aborted).
 
 Algorithms (``algo=`` per call, or RINGCOMM_GPU_ALGO): "nccl" (NCCL's collective),
 "ring" (ringcomm's schedules over NCCL send/recv with ringcomm's CUDA kernels), "auto"
 (nccl where NCCL reduces alike; ring for bool, the bitwise ops and floating-point MIN/MAX,
 whose NCCL versions drop NaN where ringcomm propagates it: "nccl" forced on those raises
-ValueError; the rule is csrc/comm/gpu_algo.h).
+ValueError; the rule is csrc/comm/gpu_algo.h). Rank 0's RINGCOMM_GPU_ALGO and
+RINGCOMM_GPU_CHUNK_BYTES hold for every rank (agreed when an NCCL communicator is
+created): ranks that ran different families would wait on each other until the watchdog
+fired.
 """
 import os
 import threading
@@ -188,30 +198,72 @@ class GpuWork:
 
     def wait(self, timeout=None, stream=None):
         """Makes `stream` (default: the current stream of the tensors' framework on their
-        device) wait for the operation; the host does not block. Returns True."""
+        device) wait for the operation. Without `timeout` the host does not block; with one
+        (seconds or timedelta, 0 to poll) the host first waits that long for the operation
+        to finish, as torch's Work.wait(timeout), and raises ringcomm.TimeoutError if it
+        did not (the operation keeps running; the watchdog still bounds it). Raises the
+        operation's error when it is known to have failed. Returns True."""
+        t = seconds(timeout)
+        if t is not None and not self._native.wait_host(t):
+            raise TimeoutError(f"ringcomm: wait for {self._native.what} did not complete within {t} s "
+                               "(the operation is still running)")
         if stream is None:
             handle = current_stream(self._device, self._torch)
         else:
             handle = stream_handle(stream, None)
-        self._native.wait_stream(handle)
+        self._native.wait_stream(handle)  # raises the operation's error first
         return True
 
     def synchronize(self, timeout=None):
         """Blocks the host until the operation finished (TimeoutError after `timeout`
-        seconds, default the communicator's; the NCCL communicator is then aborted)."""
+        seconds, default the communicator's; the NCCL communicator is then aborted).
+        Raises the operation's error if it failed."""
         t = seconds(timeout)
         self._native.synchronize(-1.0 if t is None else t)
         return True
 
     def is_completed(self):
-        return self._native.is_completed()
+        """True once the operation finished, successfully or not (see exception())."""
+        return bool(self._native.error()) or self._native.is_completed()
 
     def exception(self):
-        return None
+        """The error the operation failed with (the watchdog's timeout, an NCCL error,
+        an abort), or None."""
+        msg = self._native.error()
+        if not msg:
+            return None
+        cls = TimeoutError if self._native.error_is_timeout() else RingcommError
+        return cls(f"ringcomm: {self._native.what} failed: {msg}")
 
     def __repr__(self):
         state = "completed" if self.is_completed() else "pending"
         return f"<ringcomm.GpuWork {self._native.what} on cuda:{self._device} {state}>"
+
+
+# Buffers of calls whose stream close() could not drain (a CUDA error): the GPU may
+# still write them, so their memory must never return to the allocator.
+_held_forever = []
+
+
+def agree_settings(store, key, rank, timeout_s, mine, make_uid):
+    """The settings every rank of one NCCL communicator uses: rank 0's `mine` (its
+    RINGCOMM_GPU_CHUNK_BYTES and RINGCOMM_GPU_ALGO) and a unique id from rank 0's
+    `make_uid()`, through `store` under `key`. Ranks that cut the ring's messages
+    differently, or ran different families, would wait on each other until the
+    watchdog fired."""
+    import json
+
+    from ringcomm import bootstrap
+
+    if rank == 0:
+        store.set(key, json.dumps({**mine, "uid": make_uid()}))
+    bootstrap.wait_keys(store, [key], timeout_s, "waiting for rank 0's NCCL unique id and GPU settings", rank)
+    shared = json.loads(bootstrap._text(store.get(key)))
+    chunk, algo = shared.get("chunk"), shared.get("algo")
+    if not isinstance(chunk, int) or algo not in GPU_ALGOS or not isinstance(shared.get("uid"), str):
+        raise RingcommError(f"ringcomm: rank 0's GPU settings under {key!r} are not what this rank expects "
+                            f"(got {sorted(shared)}); do all ranks run the same ringcomm version?")
+    return shared
 
 
 class GpuPath:
@@ -223,7 +275,7 @@ class GpuPath:
         self._comm = comm
         self._natives = {}
         self._created = 0
-        self._inflight = []
+        self._inflight = []  # (native work, buffers): references held until its event completed
         self._lock = threading.Lock()
         algo = os.environ.get("RINGCOMM_GPU_ALGO", "auto") or "auto"
         if algo not in GPU_ALGOS:
@@ -248,26 +300,29 @@ class GpuPath:
         store, rank, ws = c._store, c.rank, c.world_size
         key = f"{c._prefix}/nccl/{self._created}"
         self._created += 1
-        import json
-
-        from ringcomm import bootstrap
-
-        # Rank 0's unique id and chunk size: every rank must cut the ring's
-        # messages alike, whatever its own environment says.
-        if rank == 0:
-            store.set(key, json.dumps({"uid": _C.nccl_unique_id().hex(), "chunk": self._chunk}))
-        bootstrap.wait_keys(store, [key], c._config.timeout_s, "waiting for rank 0's NCCL unique id", rank)
-        shared = json.loads(bootstrap._text(store.get(key)))
+        shared = agree_settings(store, key, rank, c._config.timeout_s,
+                                {"chunk": self._chunk, "algo": self._default_algo},
+                                lambda: _C.nccl_unique_id().hex())
         g = _C.GpuCommunicator(rank, ws, device, bytes.fromhex(shared["uid"]), c._config.timeout_s,
-                               int(shared["chunk"]), self._default_algo)
+                               shared["chunk"], shared["algo"])
         self._natives[device] = g
         return g
 
     def close(self):
-        for g in self._natives.values():
-            g.close()
-        self._natives.clear()
-        self._inflight = []
+        """Closes every NCCL communicator (each drains its stream, or its NCCL was aborted
+        and its kernels exited), and only then drops the references to the buffers of
+        calls in flight: their memory may go back to torch's allocator only once the
+        GPU no longer touches it."""
+        natives, self._natives = self._natives, {}
+        try:
+            for g in natives.values():
+                g.close()
+        except BaseException:
+            # A stream that could not be drained may still use them: never free them.
+            _held_forever.extend(self._inflight)
+            raise
+        finally:
+            self._inflight = []
 
     def abort(self, why):
         for g in self._natives.values():
@@ -275,17 +330,16 @@ class GpuPath:
 
     # -- calls ----------------------------------------------------------------
     def _prune(self):
+        # is_completed queries the event in relaxed capture mode: safe while
+        # another thread captures a CUDA graph.
         inflight = self._inflight
         while inflight and inflight[0][0].is_completed():
             inflight.pop(0)
 
     def _finish(self, g, native_work, bufs, caller, async_op):
         torch_bufs = [b for b in bufs if b is not None and b.torch]
-        if torch_bufs and not native_work.captured:
-            torch = _torch()
-            comm_stream = torch.cuda.ExternalStream(g.stream, device=torch.device("cuda", g.device))
-            for b in torch_bufs:
-                b.obj.record_stream(comm_stream)
+        # No record_stream: the references in _inflight keep the memory from the
+        # allocator until the event completed (see the module docstring).
         keep = tuple(b.obj for b in bufs if b is not None)
         if not native_work.captured:
             self._prune()

@@ -73,6 +73,18 @@ void bind_cuda(py::module_& m) {
     return py::make_tuple(a.version, a.path);
   });
   m.def("nccl_unique_id", [] { return py::bytes(NcclComm::new_unique_id()); });
+  // Test hooks for DeviceGuard (tests/test_gpu.py): whether a device's primary
+  // context is active, and (device inside a guard of `device`, device after it).
+  m.def("_primary_context_active", [](int device) { return cuda::has_primary_context(device); });
+  m.def("_device_guard_probe", [](int device) {
+    int inside = -1, after = -1;
+    {
+      cuda::DeviceGuard g(device);
+      cuda::check(cudaGetDevice(&inside), "cudaGetDevice");
+    }
+    cuda::check(cudaGetDevice(&after), "cudaGetDevice");
+    return py::make_tuple(inside, after);
+  });
   // The CUDA kernels alone, for tests: dst <- a (op) b, then / divisor for AVG.
   m.def("cuda_local_reduce", [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, int dtype, int op,
                                 int divisor, uintptr_t stream) {
@@ -89,7 +101,11 @@ void bind_cuda(py::module_& m) {
       .def("wait_stream", [](GpuWork& w, uintptr_t s) { w.wait_stream(stream_of(s)); })
       .def("synchronize", &GpuWork::synchronize, py::arg("timeout_s") = -1.0,
            py::call_guard<py::gil_scoped_release>())
+      .def("wait_host", &GpuWork::wait_host, py::arg("timeout_s") = -1.0, py::call_guard<py::gil_scoped_release>())
       .def("is_completed", &GpuWork::is_completed)
+      .def("error", &GpuWork::error)
+      .def("error_is_timeout", &GpuWork::error_is_timeout)
+      .def_property_readonly("seq", &GpuWork::seq)
       .def_property_readonly("captured", &GpuWork::captured)
       .def_property_readonly("what", &GpuWork::what);
 

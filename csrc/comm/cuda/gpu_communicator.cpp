@@ -1,6 +1,7 @@
 #include "comm/cuda/gpu_communicator.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "algo/schedules.h"
 #include "comm/cuda/cuda_util.h"
@@ -96,33 +97,48 @@ GpuCommunicator::~GpuCommunicator() {
 }
 
 std::string GpuCommunicator::async_error() {
-  {
-    std::lock_guard<std::mutex> lk(err_mu_);
-    if (!error_.empty()) return error_;
-  }
+  if (faults_.failed()) return faults_.message();
   // ncclCommGetAsyncError is safe next to a call in flight on another thread;
-  // nccl_mu_ keeps close() from releasing the handle meanwhile.
-  std::lock_guard<std::mutex> lk(nccl_mu_);
-  return nccl_ ? nccl_->async_error() : std::string();
+  // the gate keeps an abort or close() from freeing the handle meanwhile.
+  if (!gate_.enter()) return faults_.message();
+  const std::string e = nccl_->async_error();
+  gate_.leave();  // may run an abort that waited for us
+  return e;
 }
 
-void GpuCommunicator::set_error(const std::string& e) {
-  std::lock_guard<std::mutex> lk(err_mu_);
-  if (error_.empty()) error_ = e;
-}
-
-std::string GpuCommunicator::error() {
-  std::lock_guard<std::mutex> lk(err_mu_);
-  return error_;
-}
-
-void GpuCommunicator::abort(const std::string& why) {
-  set_error(why);  // first: calls being queued now see it
-  std::lock_guard<std::mutex> lk(nccl_mu_);
-  if (nccl_) {
-    cuda::DeviceGuard g(device_);
-    nccl_->abort();
+void GpuCommunicator::fail(const std::string& why, bool timeout) {
+  {
+    std::lock_guard<std::mutex> lk(wd_mu_);
+    if (!faults_.set(why, timeout, finished_locked())) return;  // failed already: the abort is under way
+    release_watched_locked();
   }
+  // Now, or by the call queuing on the handle when it leaves the gate (it then
+  // holds mu_ with this device current; an abort never waits for it).
+  gate_.abort([this] {
+    try {
+      cuda::DeviceGuard g(device_);
+      nccl_->abort();
+      return;
+    } catch (const Error&) {
+    }
+    nccl_->abort();  // ncclCommAbort makes its own device current
+  });
+}
+
+// The highest sequence number whose event completed: the front of watched_
+// is popped while done (calls finish in the order they were queued).
+uint64_t GpuCommunicator::finished_locked() {
+  try {
+    cuda::DeviceGuard g(device_);
+    while (!watched_.empty() && cuda::event_done(watched_.front().done, "cudaEventQuery (watchdog)")) {
+      finished_ = watched_.front().seq;
+      cudaEventDestroy(watched_.front().done);
+      watched_.pop_front();
+    }
+  } catch (const Error&) {
+    // The GPU cannot answer (a sticky error): what is still watched failed.
+  }
+  return finished_;
 }
 
 void GpuCommunicator::close() {
@@ -130,23 +146,42 @@ void GpuCommunicator::close() {
   if (closed_) return;
   closed_ = true;
   cuda::DeviceGuard g(device_);
-  // The watchdog still runs here: a call that hangs past the timeout is
-  // aborted, which lets this synchronize return.
-  if (error().empty()) cudaStreamSynchronize(stream_);
-  stop_watchdog();
-  std::lock_guard<std::mutex> nl(nccl_mu_);
+  {
+    // The watchdog still runs here: a call that hangs past the timeout is
+    // aborted, its kernels exit and this returns; after an error NCCL was
+    // aborted already (fail), so the kernels exit too. Relaxed: a capture in
+    // another thread is not broken by this wait.
+    cuda::RelaxedCaptureMode relaxed;
+    const cudaError_t e = cudaStreamSynchronize(stream_);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(std::string("cudaStreamSynchronize (close): ") + cudaGetErrorString(e), false);
+    }
+  }
+  // The stream is drained: ncclCommDestroy waits for no peer. Nothing else
+  // can use or abort the handle from here on.
+  std::exception_ptr destroy_error;
+  gate_.retire([&] {
+    try {
+      nccl_->destroy();
+    } catch (...) {
+      destroy_error = std::current_exception();
+    }
+  });
+  stop_watchdog();  // last: it bounded every wait above
   executor_.reset();  // frees its scratch with this device current
   graph_executor_.reset();
   ops_.reset();
-  nccl_.reset();  // destroys (or, after abort, nothing)
+  nccl_.reset();  // nothing left to release: destroyed or aborted
   if (ready_) cudaEventDestroy(ready_);
   if (stream_) cudaStreamDestroy(stream_);
   ready_ = nullptr;
   stream_ = nullptr;
+  if (destroy_error) std::rethrow_exception(destroy_error);
 }
 
 // Called by launch() with the comm stream's work queued and device_ current.
-void GpuCommunicator::watch(const char* what) {
+void GpuCommunicator::watch(const char* what, uint64_t seq) {
   cudaEvent_t ev = nullptr;
   cuda::check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate (watchdog)");
   if (cudaEventRecord(ev, stream_) != cudaSuccess) {
@@ -157,7 +192,7 @@ void GpuCommunicator::watch(const char* what) {
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_s_));
   std::lock_guard<std::mutex> lk(wd_mu_);
-  watched_.push_back({ev, deadline, what});
+  watched_.push_back({ev, deadline, what, seq});
   if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
@@ -179,38 +214,46 @@ void GpuCommunicator::stop_watchdog() {
 
 void GpuCommunicator::watchdog_loop() {
   if (cudaSetDevice(device_) != cudaSuccess) return;
+  // For the thread's life: its event queries must not invalidate a
+  // global-mode graph capture running in another thread (after cudaSetDevice:
+  // the exchange initialises the current device).
+  cuda::RelaxedCaptureMode relaxed;
   std::unique_lock<std::mutex> lk(wd_mu_);
   while (!wd_stop_) {
     wd_cv_.wait_for(lk, std::chrono::milliseconds(50));
     if (wd_stop_) break;
     std::string why;
+    bool timeout = false;
     const auto now = std::chrono::steady_clock::now();
     while (!watched_.empty()) {
       Watched& w = watched_.front();
       const cudaError_t e = cudaEventQuery(w.done);
       if (e == cudaSuccess) {
+        finished_ = w.seq;
         cudaEventDestroy(w.done);
         watched_.pop_front();
         continue;
       }
       (void)cudaGetLastError();  // "not ready" (or worse) is recorded as this thread's last error
-      if (e != cudaErrorNotReady) {
+      if (cuda::capture_error(e)) {
+        // A capture elsewhere keeps the event from answering: nothing is
+        // known, so no deadline applies either (it would be a false timeout).
+      } else if (e != cudaErrorNotReady) {
         why = w.what + ": " + cudaGetErrorString(e);
       } else if (now > w.deadline) {
         why = w.what + " on rank " + std::to_string(rank_) + " did not finish within " + seconds_text(timeout_s_) +
               " s on the GPU (watchdog; did every rank call it?)";
+        timeout = true;
       }
       break;  // calls finish in order: the oldest unfinished one decides
     }
     if (why.empty() && !watched_.empty()) {
-      std::lock_guard<std::mutex> nl(nccl_mu_);
-      if (nccl_) why = nccl_->async_error();
-      if (!why.empty()) why = "NCCL: " + why;
+      const std::string e = async_error();
+      if (!e.empty() && !faults_.failed()) why = "NCCL: " + e;
     }
-    if (!why.empty() && error().empty()) {
-      release_watched_locked();
+    if (!why.empty()) {
       lk.unlock();
-      abort(why);
+      fail(why, timeout);
       lk.lock();
     }
   }
@@ -218,13 +261,13 @@ void GpuCommunicator::watchdog_loop() {
 
 void GpuCommunicator::check_open() {
   if (closed_) throw Error("ringcomm: the GPU communicator is closed");
-  const std::string earlier = error();
+  const std::string earlier = faults_.message();
   if (!earlier.empty()) {
     throw Error("ringcomm: the GPU communicator is unusable after an earlier error (" + earlier + ")");
   }
-  std::string e = nccl_->async_error();
+  const std::string e = async_error();
   if (!e.empty()) {
-    set_error("NCCL: " + e);
+    fail("NCCL: " + e, false);
     throw Error("ringcomm: NCCL reported an error: " + e);
   }
 }
@@ -240,14 +283,26 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
   cuda::DeviceGuard g(device_);
   // Errors before anything is queued (a caller stream of another device, say)
   // leave the communicator usable; after that, the peers may be waiting on
-  // operations this rank queued only in part, so it is poisoned.
+  // operations this rank queued only in part, so it fails (and NCCL is
+  // aborted: nothing would complete those operations).
   const bool captured = cuda::capturing(caller);
   cudaEvent_t done = nullptr;
   if (!captured) {
     cuda::check(cudaEventRecord(ready_, caller), "cudaEventRecord (caller stream)");
     cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
   }
-  auto work = std::make_shared<GpuWork>(shared_from_this(), device_, done, captured, what);
+  // The handle stays valid until `inside` leaves the gate: an abort from
+  // another thread meanwhile runs then, on this thread.
+  if (!gate_.enter()) {
+    if (done) cudaEventDestroy(done);
+    throw Error("ringcomm: the GPU communicator is unusable after an earlier error (" + faults_.message() + ")");
+  }
+  struct Inside {
+    AbortGate& gate;
+    ~Inside() { gate.leave(); }
+  } inside{gate_};
+  const uint64_t seq = captured ? 0 : ++queued_;
+  auto work = std::make_shared<GpuWork>(shared_from_this(), device_, done, captured, seq, what);
   try {
     if (captured) {
       // Inside a CUDA graph: queue on the capturing stream itself.
@@ -257,10 +312,10 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
     cuda::check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     body(stream_);
     cuda::check(cudaEventRecord(done, stream_), "cudaEventRecord (comm stream)");
-    watch(what);
+    watch(what, seq);
     return work;
   } catch (const Error& e) {
-    set_error(e.what());
+    fail(e.what(), false);
     throw;
   }
 }

@@ -32,6 +32,7 @@
 #include "comm/cuda/nccl_device_ops.h"
 #include "comm/device_executor.h"
 #include "comm/call_plan.h"
+#include "comm/fault_state.h"
 #include "comm/cuda/gpu_work.h"
 #include "comm/gpu_algo.h"
 #include "transport/nccl/nccl_comm.h"
@@ -72,13 +73,27 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   // asynchronous error, aborts the NCCL communicator (its kernels stop
   // spinning) and makes later calls raise, as torch's NCCL watchdog does;
   // synchronous calls are never waited on by the host, so nothing else would.
+  // It runs in relaxed capture mode, so its event queries never break another
+  // thread's CUDA graph capture.
+  //
+  // Errors (comm/fault_state.h): every error poisons the communicator and
+  // aborts the NCCL communicator, whoever saw it (a queuing call, the
+  // watchdog, a waiter, the user), so no kernel keeps spinning and close()
+  // never waits on peers; the calls queued and not seen finished before it
+  // failed with it (GpuWork::error).
 
-  // NCCL's asynchronous error, if any ("" otherwise).
+  // NCCL's asynchronous error, or the communicator's own error ("" if none).
   std::string async_error();
-  // Aborts the NCCL communicator (in-flight operations are dropped); later
-  // calls raise. `why` is remembered for their message.
-  void abort(const std::string& why);
-  // Waits for queued work, destroys the NCCL communicator and the stream.
+  // Records `why` (the first error wins), then aborts the NCCL communicator:
+  // in-flight operations are dropped, later calls raise.
+  void fail(const std::string& why, bool timeout);
+  void abort(const std::string& why) { fail(why, false); }
+  // The error operation `seq` failed with ("" if none).
+  std::string error_of(uint64_t seq) const { return faults_.error_of(seq); }
+  bool error_is_timeout() const { return faults_.timeout(); }
+  // Waits for the queued work (the watchdog still bounds it), destroys the
+  // NCCL communicator (or, after an error, nothing: it was aborted), stops
+  // the watchdog, then frees the scratch and the stream.
   void close();
   // The family a call of this kind, dtype and op runs under `algo`
   // (choose_gpu_family with this communicator's default).
@@ -88,11 +103,11 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   template <class Body>
   WorkPtr launch(const char* what, cudaStream_t caller, Body&& body);
   void check_open();
-  void watch(const char* what);
+  void watch(const char* what, uint64_t seq);
   void watchdog_loop();
   void stop_watchdog();
-  void set_error(const std::string& e);
-  std::string error();
+  uint64_t finished_locked();
+  void release_watched_locked();
   void run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const CallPlan& call);
 
   int rank_;
@@ -100,7 +115,7 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   int device_;
   double timeout_s_;
   GpuAlgo default_algo_;
-  std::unique_ptr<NcclComm> nccl_;
+  std::unique_ptr<NcclComm> nccl_;  // its handle: only between gate_.enter() and leave()
   std::unique_ptr<NcclDeviceOps> ops_;         // the ring family's device operations
   std::unique_ptr<DeviceExecutor> executor_;  // released before ops_ and nccl_ (close)
   std::unique_ptr<DeviceExecutor> graph_executor_;  // the same, for calls captured into CUDA graphs
@@ -108,9 +123,11 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream before each call
   Schedule schedule_;
   MsgTag tag_;  // schedules want one; GPU messages carry no headers
+  // Lock order: mu_, then wd_mu_, then the gate's and faults_' own.
   std::mutex mu_;  // one call queued at a time (they share the stream and the executor)
-  std::mutex err_mu_;  // error_ alone: read by waiters while a call is being queued
-  std::mutex nccl_mu_;  // nccl_'s lifetime: abort() (any thread) against close()
+  AbortGate gate_;     // nccl_'s handle against a concurrent abort (any thread)
+  FaultRecord faults_;  // the error, and which calls it covers
+  uint64_t queued_ = 0;  // calls given a sequence number (under mu_)
   std::mutex wd_mu_;
   std::condition_variable wd_cv_;
   bool wd_stop_ = false;
@@ -119,10 +136,10 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
     cudaEvent_t done;  // the watchdog's own event (a Work's may be gone first)
     std::chrono::steady_clock::time_point deadline;
     std::string what;
+    uint64_t seq;
   };
   std::deque<Watched> watched_;
-  void release_watched_locked();
-  std::string error_;
+  uint64_t finished_ = 0;  // the highest seq seen finished (under wd_mu_)
   bool closed_ = false;
 };
 

@@ -109,7 +109,8 @@ class RingcommBackend(Backend):
     def describe(self) -> Dict[str, str]:
         return {"version": str(getattr(self.rc, "__version__", "?")),
                 "transport": self.transport, "algo": self.algo,
-                "buffers": "numpy arrays" if self.buffers == "numpy" else "torch tensors"}
+                "buffers": "numpy arrays" if self.buffers == "numpy" else "torch tensors",
+                "cost_model": str(self.comm.cost_params().get("source", "?"))}
 
     def _view(self, buf):
         # Same memory either way; numpy where asked and numpy has the type.

@@ -28,7 +28,7 @@ from ringcomm.bench.collectives import COLLECTIVES, resolve_ops
 from ringcomm.bench.progress import Progress
 from ringcomm.bench.report import Cell, Row, Table, build_report, machine_facts, write_json
 from ringcomm.bench.sizes import format_size, parse_size, size_list
-from ringcomm.bench.timing import Control, MemcpyReference, TimingParams, measure
+from ringcomm.bench.timing import Control, MemcpyReference, TimingParams, measure_side_by_side, prepare
 
 COMMAND_ENV = "RINGCOMM_BENCH_COMMAND"
 # What ringcomm.explain knows (send/recv have no choice to explain).
@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="measure ringcomm's cost model parameters on these ranks' links (median of "
            "--calibrate-runs runs) and write them to FILE for RINGCOMM_COST_MODEL=FILE; no sweep")
     a("--calibrate-runs", type=int, default=7, help="runs --calibrate takes the median of (default %(default)s)")
+    a("--calibrate-no-fit", action="store_true",
+      help="--calibrate writes the link parameters only, without timing each schedule family "
+           "and fitting its formula (bench/fit.py)")
     a("--simulate", action="store_true",
       help="start no ranks: evaluate ringcomm's cost model for a described topology, 2 to 16,384 "
            "ranks (ringcomm-bench --simulate -h lists its own options)")
@@ -230,7 +233,7 @@ class Sweep:
             backends, skipped = self.create_backends(store)
             try:
                 if args.calibrate is not None:
-                    return self.calibrate(backends)
+                    return self.calibrate(backends, store)
                 return self.sweep(backends, skipped)
             finally:
                 for b in backends:
@@ -272,9 +275,11 @@ class Sweep:
                 backends.append(backend)
         return backends, skipped
 
-    def calibrate(self, backends: List[Backend]) -> int:
+    def calibrate(self, backends: List[Backend], store) -> int:
         """--calibrate: the median of several measurements of every parameter,
-        written by rank 0 (every rank measures the same runs)."""
+        then (unless --calibrate-no-fit) each family's formula fitted to its
+        measured times (bench/fit.py); written by rank 0 (every rank measures
+        the same runs)."""
         from ringcomm import cost_model
 
         ring = next((b for b in backends if isinstance(b, RingcommBackend)), None)
@@ -290,6 +295,13 @@ class Sweep:
         hosts = self.control.gather_objects(machine_facts())
         topo = ring.comm.host_of()
         measured = {"intra": any(topo.count(h) > 1 for h in set(topo)), "inter": len(set(topo)) > 1}
+        fits = None
+        if not self.args.calibrate_no_fit and self.info.world_size > 1:
+            fits = self.fit_families(store, cost_model.model(topo, params=params))
+            if fits is None:
+                return 1
+            params["fit"] = fits
+            params["fit_for"] = [self.info.world_size, len(set(topo))]
         if self.info.rank == 0:
             cost_model.save(self.args.calibrate, params, cpu=hosts[0]["cpu_model"],
                             hosts=len(set(topo)), world_size=self.info.world_size,
@@ -304,8 +316,44 @@ class Sweep:
                 self.say(f"#  {link}: alpha {p['alpha'] * 1e6:.2f} us, {1 / p['beta'] / 1e9:.2f} GB/s, "
                          f"overhead {p['overhead'] * 1e6:.2f} us per further message{note}")
             self.say(f"#  reduction: {1 / params['gamma'] / 1e9:.2f} GB/s")
+            if fits is not None:
+                from ringcomm.bench.fit import FIT_SIZES
+
+                self.say(f"#  measured / formula per family at {', '.join(format_size(s) for s in FIT_SIZES)} "
+                         f"(the model multiplies its formula by these, interpolated between sizes):")
+                for name, pts in fits.items():
+                    self.say(f"#    {name:<32} " + " ".join(f"{r:6.2f}" for _, r in pts))
             self.say(f"# written to {self.args.calibrate}; use it with RINGCOMM_COST_MODEL={self.args.calibrate}")
         return 0
+
+    def fit_families(self, store, model):
+        """The fit of every candidate family (bench/fit.py), or None after a
+        failure (said)."""
+        from ringcomm.bench import fit
+
+        args, info = self.args, self.info
+        saved = {k: os.environ.get(k) for k in ("RINGCOMM_ALGO", "RINGCOMM_COST_MODEL")}
+        # A forced family does not consult the model: no need to measure it again.
+        os.environ["RINGCOMM_COST_MODEL"] = "default"
+        try:
+            def make_backend(family):
+                return RingcommBackend(info.rank, info.world_size, store, args.timeout, args.transport,
+                                       family, "numpy", "cpu", info.local_rank, f"fit[{family}]")
+
+            timing = TimingParams(iters=9, warmup=3, min_iters=3, budget_s=0.25, check=True)
+            points, failures = fit.measure_families(
+                self.control, make_backend, model, args.dtype, timing,
+                on_error=lambda text: print(text, file=sys.stderr, flush=True))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        if failures:
+            self.warn("--calibrate: the fit failed: " + "; ".join(failures[:5]))
+            return None
+        return fit.fit_table(points)
 
     def sweep(self, backends: List[Backend], skipped: Dict[str, str]) -> int:
         args, info, control = self.args, self.info, self.control
@@ -357,9 +405,12 @@ class Sweep:
                 if ring is not None and op in _EXPLAINED:
                     row.explain = ring.comm.explain(op, layout.size)
                 buffers: Dict[str, Buffers] = {}
-                # Take turns, and rotate who goes first, so drift hits every backend alike.
+                # Take turns, and rotate who goes first, so drift hits every backend
+                # alike: the checks and warm-ups one after another, then the samples
+                # in turns (timing.measure_side_by_side).
                 order: list = list(backends) + ([memcpy] if memcpy is not None else [])
                 order = order[k % len(order):] + order[:k % len(order)]
+                prepared = []
                 for b in order:
                     label = f"{op} {format_size(layout.size)} {b.name}"
                     if b is memcpy:
@@ -374,15 +425,17 @@ class Sweep:
                     if b.device not in buffers:
                         buffers[b.device] = _allocate(layout, args.dtype, b.device)
                     bufs = buffers[b.device]
-                    m = measure(control, b,
-                                lambda b=b, bufs=bufs: b.bind(coll, bufs, args.op, args.root),
-                                coll, layout, bufs, args.op, args.root, args.dtype, params,
-                                on_error=lambda text: print(text, file=sys.stderr, flush=True))
+                    prepared.append(prepare(control, b,
+                                            lambda b=b, bufs=bufs: b.bind(coll, bufs, args.op, args.root),
+                                            coll, layout, bufs, args.op, args.root, args.dtype, params,
+                                            on_error=lambda text: print(text, file=sys.stderr, flush=True)))
+                for prep, m in zip(prepared, measure_side_by_side(control, prepared)):
+                    b = prep.backend
                     if m.error:
                         dead[b.name] = f"failed earlier: {m.error}"
                         failed = True
                     row.cells[b.name] = Cell(measurement=m)
-                    progress.step(label)
+                    progress.step(f"{op} {format_size(layout.size)} {b.name}")
                 del buffers
                 rows.append(row)
                 if rank == 0:

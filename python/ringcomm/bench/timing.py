@@ -20,6 +20,13 @@ For one (primitive, size, backend):
    cut for large sizes to what fits ``budget_s`` (never below ``min_iters``), so a
    256 MiB sweep stays short while small sizes get every sample.
 
+Several backends at one size (``measure_side_by_side``) take steps 1-2 one after
+another, then their samples in turns, sample by sample (who goes first rotating
+each round): the machine's drift over the seconds a size takes, and the bimodal
+phases of these VMs, then hit every backend alike, so two backends running the
+same schedule (``auto`` and the algorithm it picks) measure alike and ratios
+between backends hold within one size.
+
 Agreement between ranks (iteration counts, #wrong, errors) goes over a separate
 control process group, never through the backend being measured.
 """
@@ -114,21 +121,47 @@ def _timed_samples(barrier, run, sync, batch: int, samples: int) -> np.ndarray:
     return times
 
 
-def measure(control: Control, backend, make_run: Callable[[], Callable[[], None]],
+def _checked_call(backend, run, coll, layout, bufs, rank, n, redop, root, dtype) -> int:
+    np_dtype = np.dtype(dtype.check)
+    plan = check.plan(coll, layout, rank, n, redop, root, np_dtype)
+    if plan.input is not None:
+        bufs.input.fill(plan.input)
+    bufs.output.fill(plan.output)
+    run()
+    backend.synchronize()
+    if plan.expected is None:
+        return 0
+    return check.count_wrong(bufs.output.read(), plan.expected,
+                             check.tolerance(redop, dtype.name))
+
+
+@dataclass
+class Prepared:
+    """A backend's call after steps 1-2: how to sample it, or why it failed."""
+    backend: object = None
+    run: Optional[Callable[[], None]] = None
+    batch: int = 1
+    samples: int = 0
+    warmup: int = 0
+    wrong: int = -1
+    error: Optional[str] = None
+
+
+def prepare(control: Control, backend, make_run: Callable[[], Callable[[], None]],
             coll: Collective, layout: Layout, bufs: Buffers, redop: str, root: int, dtype,
-            p: TimingParams, on_error: Callable[[str], None]) -> Measurement:
-    """Steps 1-4 above, on every rank; every rank returns the same Measurement.
+            p: TimingParams, on_error: Callable[[str], None]) -> Prepared:
+    """Steps 1-2 above, on every rank; every rank returns the same batch and samples.
 
     ``make_run`` binds the call (``backend.bind``); it runs inside the error guard, so
     a backend refusing an argument is reported like a failing call.
     """
-    rank, n = control.rank, control.world_size
+    rank = control.rank
     wrong, first, failure = 0, 0.0, ""
     control.barrier()
     try:
         run = make_run()
         if p.check:
-            wrong = _checked_call(backend, run, coll, layout, bufs, rank, n, redop, root, dtype)
+            wrong = _checked_call(backend, run, coll, layout, bufs, rank, control.world_size, redop, root, dtype)
         else:
             run()
             backend.synchronize()
@@ -142,7 +175,7 @@ def measure(control: Control, backend, make_run: Callable[[], Callable[[], None]
     agreed = control.gather_all([first, wrong, 1.0 if failure else 0.0])
     if agreed[:, 2].any():
         messages = control.gather_objects(failure)
-        return Measurement(error=next(m for m in messages if m))
+        return Prepared(backend=backend, error=next(m for m in messages if m))
     first = float(agreed[:, 0].max())
     extra = _extra_warmup(first, p)
     per_call = first
@@ -153,24 +186,46 @@ def measure(control: Control, backend, make_run: Callable[[], Callable[[], None]
         backend.synchronize()
         per_call = float(control.gather_all([(time.perf_counter() - t0) / extra]).max())
     batch, samples = _schedule(per_call, p)
-    times = _timed_samples(backend.barrier, run, backend.synchronize, batch, samples)
-    slowest = control.gather_all(times).max(axis=0)
-    return Measurement(samples_s=slowest.tolist(), batch=batch, warmup=2 + extra,
-                       wrong=int(agreed[:, 1].sum()) if p.check else -1)
+    return Prepared(backend=backend, run=run, batch=batch, samples=samples, warmup=2 + extra,
+                    wrong=int(agreed[:, 1].sum()) if p.check else -1)
 
 
-def _checked_call(backend, run, coll, layout, bufs, rank, n, redop, root, dtype) -> int:
-    np_dtype = np.dtype(dtype.check)
-    plan = check.plan(coll, layout, rank, n, redop, root, np_dtype)
-    if plan.input is not None:
-        bufs.input.fill(plan.input)
-    bufs.output.fill(plan.output)
-    run()
-    backend.synchronize()
-    if plan.expected is None:
-        return 0
-    return check.count_wrong(bufs.output.read(), plan.expected,
-                             check.tolerance(redop, dtype.name))
+def _finish(control: Control, prep: Prepared, times) -> Measurement:
+    if prep.error:
+        return Measurement(error=prep.error)
+    slowest = control.gather_all(np.asarray(times, dtype=float)).max(axis=0)
+    return Measurement(samples_s=slowest.tolist(), batch=prep.batch, warmup=prep.warmup, wrong=prep.wrong)
+
+
+def measure(control: Control, backend, make_run: Callable[[], Callable[[], None]],
+            coll: Collective, layout: Layout, bufs: Buffers, redop: str, root: int, dtype,
+            p: TimingParams, on_error: Callable[[str], None]) -> Measurement:
+    """Steps 1-4 above for one backend, on every rank; every rank returns the same Measurement."""
+    prep = prepare(control, backend, make_run, coll, layout, bufs, redop, root, dtype, p, on_error)
+    if prep.error:
+        return Measurement(error=prep.error)
+    b = prep.backend
+    return _finish(control, prep, _timed_samples(b.barrier, prep.run, b.synchronize, prep.batch, prep.samples))
+
+
+def measure_side_by_side(control: Control, prepared: List[Prepared]) -> List[Measurement]:
+    """Steps 3-4 for backends prepared at one size, their samples taken in turns.
+
+    Round j takes sample j of every backend that has one left, starting from backend
+    j mod len: every rank loops alike (batch and samples are agreed), so the
+    backends' barriers meet.
+    """
+    live = [i for i, prep in enumerate(prepared) if not prep.error]
+    times: dict = {i: [] for i in live}
+    rounds = max((prepared[i].samples for i in live), default=0)
+    for j in range(rounds):
+        for k in range(len(live)):
+            i = live[(j + k) % len(live)]
+            prep = prepared[i]
+            if j < prep.samples:
+                b = prep.backend
+                times[i].append(float(_timed_samples(b.barrier, prep.run, b.synchronize, prep.batch, 1)[0]))
+    return [_finish(control, prep, times.get(i, [])) for i, prep in enumerate(prepared)]
 
 
 class MemcpyReference:

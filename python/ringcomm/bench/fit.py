@@ -1,0 +1,76 @@
+"""`ringcomm-bench --calibrate`'s second half: each schedule family timed at a few
+sizes on the machine at hand, and its cost formula corrected to match.
+
+The alpha-beta-gamma formulas (csrc/comm/cost_model.cpp) know a schedule's
+shape, not what the machine does with it: on hosts with fewer cores than
+ranks, a ring whose steps overlap one another, or a socket buffer that one
+message fills, two families with the same formula differ by a third, and
+one family's time is not affine in the size. For every (op, family) the
+model lists as a candidate here, the family runs forced (its own
+communicator) at FIT_SIZES (powers of 16: not the sizes a sweep reports),
+all candidates of a size taking their samples in turns
+(timing.measure_side_by_side); the ratio of each measured time to the
+formula's goes into the parameter file ("fit"), and the model multiplies
+the formula by it, interpolated in log(size) between the measured sizes
+(FamilyFit, cost_model.h). `auto` then picks with the corrected formulas on
+this topology; a model without a fit (another topology, measured at init)
+uses the formulas as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Tuple
+
+FIT_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+FIT_SIZES = (16, 256, 4 << 10, 64 << 10, 1 << 20, 16 << 20)
+RATIO_RANGE = (0.02, 50.0)  # as cost_model._FIT_RATIO: a ratio beyond it is clamped
+
+
+def formula(model, op: str, family: str, nbytes: int) -> float:
+    """The uncorrected formula's seconds for `family` at `nbytes`."""
+    return dict(model.predict(op, nbytes))[family]
+
+
+def measure_families(control, make_backend: Callable[[str], object], model, dtype, timing,
+                     on_error: Callable[[str], None], sizes=FIT_SIZES, ops=FIT_OPS):
+    """Times every candidate family at every (op, size); returns
+    {(op, family): [(bytes, formula seconds, measured seconds), ...]} and the
+    failures. Every rank calls it alike (the backends' calls and the
+    control's gathers meet)."""
+    from ringcomm.bench.buffers import Buffer, Buffers
+    from ringcomm.bench.collectives import COLLECTIVES
+    from ringcomm.bench.timing import measure_side_by_side, prepare
+
+    families = sorted({name for op in ops for s in sizes for name, _ in model.predict(op, s)})
+    backends = {f: make_backend(f) for f in families}
+    points: Dict[Tuple[str, str], list] = {}
+    failures = []
+    try:
+        n = control.world_size
+        for op in ops:
+            coll = COLLECTIVES[op]
+            for size in sizes:
+                layout = coll.layout(size, dtype.itemsize, n)
+                if layout is None:
+                    continue
+                names = [f for f, _ in model.predict(op, layout.size)]
+                bufs = Buffers(Buffer(layout.in_count, dtype), Buffer(layout.out_count, dtype))
+                prepared = [prepare(control, backends[f], lambda f=f: backends[f].bind(coll, bufs, "sum", 0),
+                                    coll, layout, bufs, "sum", 0, dtype, timing, on_error) for f in names]
+                for f, m in zip(names, measure_side_by_side(control, prepared)):
+                    if m.error or m.wrong > 0:
+                        failures.append(f"{op} {layout.size} B {f}: {m.error or f'{m.wrong} wrong elements'}")
+                        continue
+                    points.setdefault((op, f), []).append((layout.size, formula(model, op, f, layout.size),
+                                                           m.time_s))
+    finally:
+        for b in backends.values():
+            b.close()
+    return points, failures
+
+
+def fit_table(points) -> Dict[str, List[List[float]]]:
+    """{"op:family": [[bytes, measured / formula], ...]} from measure_families' points."""
+    lo, hi = RATIO_RANGE
+    return {f"{op}:{f}": [[float(x), min(max(t / p, lo), hi)] for x, p, t in pts]
+            for (op, f), pts in sorted(points.items())}
