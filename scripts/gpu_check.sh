@@ -2,10 +2,11 @@
 # Every GPU check in one go, for a machine with a CUDA GPU (one H200 lent for ~15
 # minutes, 10 minutes a command, 8 files back): build ringcomm with CUDA, say what
 # the run stands on (CUDA runtime and driver, torch's CUDA and NCCL, which libnccl
-# was loaded), run the GPU tests (tests/test_gpu.py, test_gpu_plumbing.py) and the
-# checks world size 1 otherwise never reaches (tests/test_gpu_checks.py: NCCL self
-# send/recv, the watchdog, close with a tensor in flight, capture beside a pending
-# op, ring-family graph capture, counts above 2**31, mixed alignments), optionally
+# was loaded), run the GPU tests (tests/test_gpu.py: kernels, every primitive,
+# streams, graphs, and issue 13's watchdog abort, close with a tensor in flight and
+# capture beside a pending op; test_gpu_plumbing.py) and the checks world size 1
+# otherwise never reaches (tests/test_gpu_checks.py: NCCL self send/recv, the ring
+# family in a graph, counts above 2**31, mixed alignments with NaN), optionally
 # compute-sanitizer on the kernel test, and end with a short sweep against torch's
 # NCCL backend.
 #
