@@ -469,6 +469,14 @@ class Communicator:
         """The cost model's parameters (the same on every rank) and where they came from."""
         return self._c().cost_params()
 
+    def set_cost_params(self, params):
+        """Plans with `params` (as cost_params() returns them, or a file's) from
+        now on; every rank must pass the same (a fit of another topology is
+        left out, as from a file). Returns them as the model holds them."""
+        params = cost_model.check_params(params, "set_cost_params")
+        self._c().set_cost_params(cost_model.for_topology(params, self.world_size, self.host_of()))
+        return self.cost_params()
+
     def recalibrate(self):
         """Measures the cost model's parameters again (a call of every rank, as
         at init) and uses them; returns them."""

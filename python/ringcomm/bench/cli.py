@@ -297,7 +297,11 @@ class Sweep:
         measured = {"intra": any(topo.count(h) > 1 for h in set(topo)), "inter": len(set(topo)) > 1}
         fits = None
         if not self.args.calibrate_no_fit and self.info.world_size > 1:
-            fits = self.fit_families(store, cost_model.model(topo, params=params))
+            # The formulas the fit corrects are this communicator's own, with the
+            # parameters just measured: its ring order (RINGCOMM_RING_ORDER) and
+            # limits are those of the runs the file is for.
+            ring.comm.set_cost_params(params)
+            fits = self.fit_families(store, _Explained(ring.comm))
             if fits is None:
                 return 1
             params["fit"] = fits
@@ -534,6 +538,16 @@ def _invocation() -> List[str]:
     if prog.endswith(os.path.join("ringcomm", "bench", "cli.py")):
         return ["python", "-m", "ringcomm.bench.cli"]
     return ["python", prog]
+
+
+class _Explained:
+    """A communicator's own model as fit.measure_families reads one (predict)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def predict(self, op, nbytes):
+        return self.comm.explain(op, nbytes)
 
 
 def _allocate(layout, dtype, device: str) -> Buffers:
