@@ -348,6 +348,26 @@ def test_side_by_side_takes_samples_in_turns():
     assert all(t >= 0 for m in ms for t in m.samples_s)
 
 
+def test_side_by_side_backends_share_one_batch():
+    """The same batch for every backend of a size (within each one's budget): a
+    slow warm-up estimate no longer leaves one backend with a third of the
+    others' batch, which measured the same schedule a third slower."""
+    from ringcomm.bench.timing import _common_batch
+
+    p = TimingParams(iters=20, min_iters=5, budget_s=0.4, batch_s=0.005)
+    fast = Prepared(batch=6, samples=20, per_call=0.8e-3, params=p)
+    slow_estimate = Prepared(batch=2, samples=20, per_call=2.5e-3, params=p)
+    gloo = Prepared(batch=1, samples=5, per_call=13e-3, params=p)
+    _common_batch([fast, slow_estimate, gloo])
+    assert (fast.batch, slow_estimate.batch) == (6, 6)
+    # Capped so that min_iters samples fit the budget: 0.4 / (5 * 13 ms) = 6.
+    assert gloo.batch == 6 and gloo.samples == 5
+    assert slow_estimate.samples == int(min(20, max(5, 0.4 // (6 * 2.5e-3))))
+    huge = Prepared(batch=1, samples=5, per_call=1.0, params=p)
+    _common_batch([fast, huge])
+    assert huge.batch == 1 and huge.samples == 5
+
+
 def test_schedule_batches_small_calls_and_cuts_large_ones():
     p = TimingParams(iters=20, min_iters=5, budget_s=0.4, batch_s=0.005)
     assert _schedule(2e-6, p) == (2500, 20)     # tiny calls: batched, every sample

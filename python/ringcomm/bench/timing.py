@@ -22,7 +22,8 @@ For one (primitive, size, backend):
 
 Several backends at one size (``measure_side_by_side``) take steps 1-2 one after
 another, then their samples in turns, sample by sample (who goes first rotating
-each round): the machine's drift over the seconds a size takes, and the bimodal
+each round), all with the same batch (the largest any asks, within each one's
+budget): the machine's drift over the seconds a size takes, and the bimodal
 phases of these VMs, then hit every backend alike, so two backends running the
 same schedule (``auto`` and the algorithm it picks) measure alike and ratios
 between backends hold within one size.
@@ -145,6 +146,8 @@ class Prepared:
     warmup: int = 0
     wrong: int = -1
     error: Optional[str] = None
+    per_call: float = 0.0      # seconds, the warm-up's estimate (slowest rank)
+    params: Optional[TimingParams] = None
 
 
 def prepare(control: Control, backend, make_run: Callable[[], Callable[[], None]],
@@ -187,7 +190,7 @@ def prepare(control: Control, backend, make_run: Callable[[], Callable[[], None]
         per_call = float(control.gather_all([(time.perf_counter() - t0) / extra]).max())
     batch, samples = _schedule(per_call, p)
     return Prepared(backend=backend, run=run, batch=batch, samples=samples, warmup=2 + extra,
-                    wrong=int(agreed[:, 1].sum()) if p.check else -1)
+                    wrong=int(agreed[:, 1].sum()) if p.check else -1, per_call=per_call, params=p)
 
 
 def _finish(control: Control, prep: Prepared, times) -> Measurement:
@@ -208,6 +211,24 @@ def measure(control: Control, backend, make_run: Callable[[], Callable[[], None]
     return _finish(control, prep, _timed_samples(b.barrier, prep.run, b.synchronize, prep.batch, prep.samples))
 
 
+def _common_batch(prepared: List[Prepared]) -> None:
+    """One batch for every backend of a size (each capped so its min_iters samples
+    fit its budget), the largest any asks: a batch spreads the barrier's release
+    skew (~100 us here) over its calls, so two backends timed with batches of 2
+    and 6 differ by a third at 400 us a call although they run the same
+    schedule (one warm-up estimate that came out slow is enough)."""
+    if len(prepared) < 2:
+        return
+    want = max(p.batch for p in prepared)
+    for p in prepared:
+        if p.params is None:
+            continue
+        cap = max(1, int(p.params.budget_s / (p.params.min_iters * max(p.per_call, 1e-9))))
+        p.batch = max(p.batch, min(want, cap))
+        p.samples = int(min(p.params.iters, max(p.params.min_iters,
+                                                p.params.budget_s // (p.batch * max(p.per_call, 1e-9)))))
+
+
 def measure_side_by_side(control: Control, prepared: List[Prepared]) -> List[Measurement]:
     """Steps 3-4 for backends prepared at one size, their samples taken in turns.
 
@@ -216,6 +237,7 @@ def measure_side_by_side(control: Control, prepared: List[Prepared]) -> List[Mea
     backends' barriers meet.
     """
     live = [i for i, prep in enumerate(prepared) if not prep.error]
+    _common_batch([prepared[i] for i in live])
     times: dict = {i: [] for i in live}
     rounds = max((prepared[i].samples for i in live), default=0)
     for j in range(rounds):
