@@ -7,7 +7,7 @@ ranks, a ring whose steps overlap one another, or a socket buffer that one
 message fills, two families with the same formula differ by a third, and
 one family's time is not affine in the size. For every (op, family) the
 model lists as a candidate here, the family runs forced (its own
-communicator) at FIT_SIZES (48 B x 16^k: not the sizes a sweep reports),
+communicator) at FIT_SIZES (48 B x 4^k: not the sizes a sweep reports),
 all candidates of a size taking their samples in turns
 (timing.measure_side_by_side); the ratio of each measured time to the
 formula's goes into the parameter file ("fit"), and the model multiplies
@@ -22,9 +22,11 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Tuple
 
 FIT_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
-# x16 from 48 B: off the powers of two a sweep reports (-f 2, 4, 8, 16), so a
-# sweep's predictions are never the calibration's measurements read back.
-FIT_SIZES = (48, 768, 12 << 10, 192 << 10, 3 << 20, 24 << 20)
+# x4 from 48 B to 12 MiB: off the powers of two a sweep reports (-f 2, 4, 8,
+# 16), so a sweep's predictions are never the calibration's measurements read
+# back; close enough that the log-size interpolation between two of them
+# misses little (x16 missed a family's knee between 12 and 192 KiB by 40%).
+FIT_SIZES = tuple(48 << (2 * k) for k in range(10))
 RATIO_RANGE = (0.02, 50.0)  # as cost_model._FIT_RATIO: a ratio beyond it is clamped
 
 
