@@ -481,13 +481,17 @@ def calibrate_once(args, cfg: Config, hosts: List[netns.Host], port: int, workdi
     if not fails and not os.path.exists(path):
         fails.append(f"no parameter file {path} was written")
     what = f"{cfg.label()}, calibration"
-    print(f"multihost.py: {what}: {'FAILED' if fails else 'ok'} ({time.monotonic() - t0:.1f} s) -> {path}",
-          file=sys.stderr, flush=True)
+    _say_launch(what, fails, codes, logs, f"({time.monotonic() - t0:.1f} s) -> {path}")
+    return [f"{what}: {f}" for f in fails]
+
+
+def _say_launch(what: str, fails: List[str], codes: List[int], logs: List[str], detail: str) -> None:
+    """One line per launch on stderr; the end of every host's log when it failed."""
+    print(f"multihost.py: {what}: {'FAILED' if fails else 'ok'} {detail}", file=sys.stderr, flush=True)
     if fails:
         for i, log in enumerate(logs):
             print(f"--- {what}, host {i} (exit {codes[i]}), end of its log:\n{_tail(log)}",
                   file=sys.stderr, flush=True)
-    return [f"{what}: {f}" for f in fails]
 
 
 def run_once(args, cfg: Config, hosts: List[netns.Host], run: int, port: int, workdir: str):
@@ -505,12 +509,7 @@ def run_once(args, cfg: Config, hosts: List[netns.Host], run: int, port: int, wo
     if report is not None or not fails:
         fails += check_run(cfg, report, args)
     what = f"{cfg.label()}, run {run}"
-    print(f"multihost.py: {what}: {'FAILED' if fails else 'ok'} ({wall:.1f} s)",
-          file=sys.stderr, flush=True)
-    if fails:
-        for i, path in enumerate(logs):
-            print(f"--- {what}, host {i} (exit {codes[i]}), end of its log:\n{_tail(path)}",
-                  file=sys.stderr, flush=True)
+    _say_launch(what, fails, codes, logs, f"({wall:.1f} s)")
     record = {"hosts": cfg.hosts, "ranks_per_host": cfg.ranks_per_host,
               "placement": cfg.placement, "run": run, "port": port, "exit_codes": codes,
               "wall_s": wall, "failures": [f"{what}: {f}" for f in fails],

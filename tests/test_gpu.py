@@ -26,14 +26,11 @@ import pytest
 import ringcomm
 from ringcomm import _C
 
+from gpu_marks import gpu_marks
+
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not ringcomm.cuda.compiled(), reason="this build has no GPU path (no CUDA toolkit at build time)"),
-    pytest.mark.skipif(not ringcomm.cuda.available(), reason="no CUDA device (ringcomm sees none)"),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA"),
-]
+pytestmark = gpu_marks(torch)
 
 DTYPES = {0: torch.float16, 1: torch.bfloat16, 2: torch.float32, 3: torch.float64, 4: torch.int8,
           5: torch.uint8, 6: torch.int32, 7: torch.int64, 8: torch.bool}

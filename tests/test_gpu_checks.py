@@ -13,14 +13,11 @@ import pytest
 import ringcomm
 from ringcomm import ReduceOp, _C
 
+from gpu_marks import gpu_marks
+
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not ringcomm.cuda.compiled(), reason="this build has no GPU path (no CUDA toolkit at build time)"),
-    pytest.mark.skipif(not ringcomm.cuda.available(), reason="no CUDA device (ringcomm sees none)"),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA"),
-]
+pytestmark = gpu_marks(torch)
 
 CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3, torch.int8: 4,
          torch.uint8: 5, torch.int32: 6, torch.int64: 7, torch.bool: 8}

@@ -109,6 +109,23 @@ struct Columns {
     if (i >= t.local_count(g)) return {0, 0};
     return {static_cast<size_t>(t.members[g][i]) * count_per_rank, count_per_rank};
   }
+  // Round k of column q across hosts: host position g holds block (g, k*lmin+q).
+  // False when every block is empty (no ring to run).
+  bool across(const Topology& t, int q, int k, size_t count_per_rank, std::vector<Range>& blocks) const {
+    bool any = false;
+    for (int g = 0; g < t.hosts; ++g) any |= (blocks[g] = block(t, g, k * lmin + q, count_per_rank)).count > 0;
+    return any;
+  }
+  // Round k of host g's blocks inside a host of l ranks: column position p
+  // holds block (g, k*lmin+p), the ranks past lmin none.
+  bool inside(const Topology& t, int g, int k, int l, size_t count_per_rank, std::vector<Range>& blocks) const {
+    bool any = false;
+    for (int p = 0; p < l; ++p) {
+      blocks[p] = p < lmin ? block(t, g, k * lmin + p, count_per_rank) : Range{0, 0};
+      any |= blocks[p].count > 0;
+    }
+    return any;
+  }
 };
 
 Columns columns_of(const Topology& t) {
@@ -142,21 +159,18 @@ void hierarchical_all_gather(const PlanContext& c, const char* in, char* out, si
     const std::vector<int> peers = column(t, q);  // outlives the context that points into it
     const PlanContext across = group_of(c, peers, h);
     for (int k = 0; k < col.rounds; ++k) {
-      bool any = false;
-      for (int g = 0; g < hosts; ++g) any |= (blocks[g] = col.block(t, g, k * col.lmin + q, count_per_rank)).count > 0;
-      if (any) ring_all_gather_blocks(across, out, blocks.data(), count_per_rank);
+      if (col.across(t, q, k, count_per_rank, blocks)) {
+        ring_all_gather_blocks(across, out, blocks.data(), count_per_rank);
+      }
     }
     push_fence(c);
   }
   const PlanContext intra = host_group(c);
   for (int g = 0; g < hosts; ++g) {
     for (int k = 0; k < col.rounds; ++k) {
-      bool any = false;
-      for (int p = 0; p < l; ++p) {
-        blocks[p] = p < col.lmin ? col.block(t, g, k * col.lmin + p, count_per_rank) : Range{0, 0};
-        any |= blocks[p].count > 0;
+      if (col.inside(t, g, k, l, count_per_rank, blocks)) {
+        ring_all_gather_blocks(intra, out, blocks.data(), count_per_rank);
       }
-      if (any) ring_all_gather_blocks(intra, out, blocks.data(), count_per_rank);
     }
   }
 }
@@ -183,12 +197,9 @@ void hierarchical_reduce_scatter(const PlanContext& c, const char* in, char* out
   const PlanContext intra = host_group(c);
   for (int g = 0; g < hosts; ++g) {
     for (int k = 0; k < col.rounds; ++k) {
-      bool any = false;
-      for (int p = 0; p < l; ++p) {
-        blocks[p] = p < col.lmin ? col.block(t, g, k * col.lmin + p, count_per_rank) : Range{0, 0};
-        any |= blocks[p].count > 0;
+      if (col.inside(t, g, k, l, count_per_rank, blocks)) {
+        ring_reduce_scatter_blocks(intra, scratch, blocks.data(), count_per_rank);
       }
-      if (any) ring_reduce_scatter_blocks(intra, scratch, blocks.data(), count_per_rank);
     }
   }
   push_fence(c);
@@ -196,9 +207,9 @@ void hierarchical_reduce_scatter(const PlanContext& c, const char* in, char* out
     const std::vector<int> peers = column(t, q);  // outlives the context that points into it
     const PlanContext across = group_of(c, peers, h);
     for (int k = 0; k < col.rounds; ++k) {
-      bool any = false;
-      for (int g = 0; g < hosts; ++g) any |= (blocks[g] = col.block(t, g, k * col.lmin + q, count_per_rank)).count > 0;
-      if (any) ring_reduce_scatter_blocks(across, scratch, blocks.data(), count_per_rank, avg);
+      if (col.across(t, q, k, count_per_rank, blocks)) {
+        ring_reduce_scatter_blocks(across, scratch, blocks.data(), count_per_rank, avg);
+      }
     }
     push_fence(c);
     for (int i = q + col.lmin; i < l; i += col.lmin) {
