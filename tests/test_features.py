@@ -104,6 +104,29 @@ def section_send_recv(comm, fail):
             if err:
                 fail(f"{mib} MiB exchange isend+irecv between ranks 0 and 1: {err}")
 
+    # isends, then blocking recvs, on both ranks, more bytes a round than the
+    # FIFOs hold: a thread waiting in a blocking call must not run the send/recv
+    # group itself (it would wait forever for the peer's next recv, which the
+    # peer's thread, stuck likewise, never issues). Hung 4 runs in 5 before.
+    if r in (0, 1):
+        peer = 1 - r
+        n = (1 << 20) // 4
+        for it in range(12):
+            seed = checks.seed_of(f"isend-blocking-recv{it}")
+            works = []
+            for k in range(2):
+                works.append(comm.send(np.array([it, k], np.int64), peer, async_op=True))
+                works.append(comm.send(gen("float32", None, seed + k, r, 0, n), peer, async_op=True))
+            for k in range(2):
+                h, b = np.zeros(2, np.int64), np.zeros(n, np.float32)
+                comm.recv(h, peer)
+                comm.recv(b, peer)
+                err = compare(b, gen("float32", None, seed + k, peer, 0, n))
+                if list(h) != [it, k] or err:
+                    fail(f"isends then blocking recvs, round {it} message {k}: header {list(h)}, {err}")
+            for w in works:
+                w.wait(timeout=30)
+
     # Many messages in flight: 24 isends before the receiver posts anything; they
     # must arrive in order.
     last = ws - 1

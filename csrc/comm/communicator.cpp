@@ -636,11 +636,24 @@ void Communicator::worker_loop() {
 // handing a call to the worker and back costs two thread wake-ups (tens of
 // microseconds on a VM), more than a small call takes. Order is kept: calls
 // still run one at a time, oldest first.
+//
+// Not a send/recv group, though: a group runs until every member is done,
+// and an isend in it may wait for a recv that only this thread is yet to
+// issue (isend, isend, then a blocking recv, on both ranks, with more bytes
+// than the FIFO holds: each thread would run its group forever, waiting for
+// the other's next recv). The worker runs groups; this thread's call joins
+// the group and returns when it is done.
 void Communicator::help(const Work* work) {
   Inside inside(inside_);
   std::unique_lock<std::mutex> lk(mu_);
   if (closing_) return;  // the worker drains (or fails) what is queued
-  while (!work->is_completed() && !running_ && !queue_.empty()) run_front(lk);
+  while (!work->is_completed() && !running_ && !queue_.empty()) {
+    if (queue_.front().first.kind == OpKind::kSend) {
+      cv_.notify_all();
+      return;
+    }
+    run_front(lk);
+  }
 }
 
 void Communicator::plan(Call& c) {
