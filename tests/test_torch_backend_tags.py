@@ -134,6 +134,8 @@ def _p2p_cases(c, rank, ws):
         dist.send(_msg(torch, 1, 10), 1, tag=4)
         dist.send(_msg(torch, 2), 1, tag=4)
         dist.send(_msg(torch, 3), 1)
+        dist.send(_msg(torch, 7), 1, tag=-(2**40))
+        dist.send(_msg(torch, 8), 1, tag=2**62)
     elif rank == 1:
         empty = torch.ones(0)
         dist.recv(empty, 0, tag=13)
@@ -148,6 +150,11 @@ def _p2p_cases(c, rank, ws):
         dist.recv(after, 0, tag=4)
         c.check("messages after the mismatch", torch.equal(after, _msg(torch, 2)) and torch.equal(plain, _msg(torch, 3)),
                 f"{after.tolist()} {plain.tolist()}")
+        big, neg = torch.zeros(N), torch.zeros(N)
+        dist.recv(big, 0, tag=2**62)
+        dist.recv(neg, 0, tag=-(2**40))
+        c.check("negative and 63-bit tags", torch.equal(big, _msg(torch, 8)) and torch.equal(neg, _msg(torch, 7)),
+                f"{big.tolist()} {neg.tolist()}")
     c.raises("a tag that is not an int", lambda: rc.send([torch.ones(1)], (rank + 1) % ws, "x"), TypeError, ["tag"])
     c.raises("recv from any source", lambda: dist.recv(torch.ones(2), tag=3), RuntimeError, ["any source"])
     dist.barrier()
