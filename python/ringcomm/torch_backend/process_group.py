@@ -17,7 +17,7 @@ from ringcomm import validate
 from ringcomm.communicator import Communicator
 from ringcomm.config import make_config
 from ringcomm.reduce_op import ReduceOp
-from ringcomm.torch_backend.tagged import TaggedP2P, TaggedRecvWork
+from ringcomm.torch_backend.tagged import TaggedP2P, TaggedRecvWork, TaggedSendWork
 from ringcomm.torch_backend.tensors import Staging, as_movable, as_reducible, flat, reduce_op
 from ringcomm.torch_backend.work import Completer, RingcommWork
 
@@ -357,9 +357,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         staging, calls = Staging(), []
         tensors, tag = _as_list(tensors), _tag_of(tag)
         if tag:
-            works = []
-            for t in tensors:
-                works += self._tagged.send(staging.dense(t), int(dstRank), tag)
+            works = [TaggedSendWork(self._tagged, self._tagged.send(staging.dense(t), int(dstRank), tag))
+                     for t in tensors]
             return self._register(RingcommWork(works, tensors, staging, self._completer))
         for t in tensors:
             buf = as_movable(staging.dense(t))
