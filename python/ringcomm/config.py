@@ -17,7 +17,7 @@ RINGCOMM_SLOT_BYTES        bytes per pipelined segment (default 131072; a multip
 RINGCOMM_SLOTS             segments in flight per peer (default 16; 3 to 4096)
 RINGCOMM_SPIN_US           microseconds a waiting rank spins before it yields (0 to 6e7)
 RINGCOMM_YIELD_US          microseconds it yields before it sleeps (0 to 6e7)
-RINGCOMM_CHECK_AGREEMENT   0: rooted calls (broadcast, reduce, scatter, gather) skip the header exchange
+RINGCOMM_CHECK_AGREEMENT   0: rooted calls (broadcast, reduce, scatter, gather) skip the agreement check
                            that makes ranks disagreeing on the root raise (default 1; for measuring
                            its cost; every rank must use the same setting)
 RINGCOMM_COST_MODEL        what `auto` picks with: measure (default: links measured at init, ~50 ms at
