@@ -73,8 +73,8 @@ void ring_all_gather_blocks(const PlanContext& c, char* buf, const Range* blocks
 // reduce-scatter, inter-host ring all-reduce among the ranks of equal local
 // index (all at once), intra-host all-gather; any ranks per host.
 void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
-// Even hosts (the same number of ranks on each; otherwise the flat ring):
-// an inter-host ring per local index and intra-host rings per host (see
+// Any hosts: inter-host rings per column of local indices and intra-host
+// rings per host, in ceil(max_local / min_local) rounds (see
 // algo/hierarchical.cpp); the reduce-scatter's `scratch` holds the input
 // (world * count_per_rank elements).
 void hierarchical_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);

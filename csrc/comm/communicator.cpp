@@ -797,9 +797,7 @@ void Communicator::execute(Call& c, Work& work) {
     plan(c);
     const CallInfo info = info_of(c);
     const Clock::time_point deadline = deadline_from_now();
-    const bool rooted = c.kind == OpKind::kBroadcast || c.kind == OpKind::kReduce ||
-                        c.kind == OpKind::kScatter || c.kind == OpKind::kGather;
-    if (rooted && config_.check_agreement) agree_on_call(c, deadline, info);
+    if (is_rooted(c.kind) && config_.check_agreement) agree_on_call(c, deadline, info);
     executor_.set_streaming(c.a.nbytes() >= kStreamingCopyMinBytes);  // c.a: the output
     executor_.run(schedule_, rp, deadline, info);
     record(c, CallState::kFinished);

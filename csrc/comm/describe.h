@@ -25,6 +25,10 @@ const char* op_kind_name(OpKind k);
 // The collective (barrier included, send/recv not) named `name` as
 // op_kind_name spells it; false for any other name.
 bool collective_from_name(const std::string& name, OpKind* out);
+// Broadcast, reduce, scatter and gather: the calls with a root.
+inline bool is_rooted(OpKind k) {
+  return k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kScatter || k == OpKind::kGather;
+}
 // "all_reduce(seq 3, float32, count 1000, sum)"
 std::string describe_tag(const MsgTag& t);
 // A timeout in messages: "300", "0.5", "1.5e+03".

@@ -121,10 +121,6 @@ std::string range_fault(const RankPlan& p, const char* ptr, size_t n, bool write
   return {};
 }
 
-bool rooted(OpKind k) {
-  return k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kScatter || k == OpKind::kGather;
-}
-
 // Bytes of the call's input and output on every rank (as the communicator
 // validates them; CallPlan::count says which one `count` is).
 bool has_input(OpKind k) {
@@ -152,7 +148,7 @@ void validate(const PlanCheckCall& c) {
   if (c.kind == OpKind::kSend || static_cast<int>(c.kind) < 1 || static_cast<int>(c.kind) >= kNumOpKinds) {
     throw ValueError("check_plan: not a collective");
   }
-  if (rooted(c.kind) && (c.root < 0 || c.root >= c.world)) {
+  if (is_rooted(c.kind) && (c.root < 0 || c.root >= c.world)) {
     throw ValueError("check_plan: root " + std::to_string(c.root) + " out of range for world " +
                      std::to_string(c.world));
   }
@@ -216,7 +212,7 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
     }
     // Communicator::agree_on_call runs its rounds (each ends in a fence) before
     // the call's steps: the same as running them first in one schedule.
-    if (c.agreement && rooted(c.kind) && n > 1) dissemination_agreement(ctx, reinterpret_cast<uint64_t*>(fake(3)));
+    if (c.agreement && is_rooted(c.kind) && n > 1) dissemination_agreement(ctx, reinterpret_cast<uint64_t*>(fake(3)));
     if (c.kind == OpKind::kBarrier) {
       dissemination_barrier(ctx);  // as Communicator::plan
     } else {

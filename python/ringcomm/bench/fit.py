@@ -30,11 +30,6 @@ FIT_SIZES = tuple(48 << (2 * k) for k in range(10))
 RATIO_RANGE = (0.02, 50.0)  # as cost_model._FIT_RATIO: a ratio beyond it is clamped
 
 
-def formula(model, op: str, family: str, nbytes: int) -> float:
-    """The uncorrected formula's seconds for `family` at `nbytes`."""
-    return dict(model.predict(op, nbytes))[family]
-
-
 def measure_families(control, make_backend: Callable[[str], object], model, dtype, timing,
                      on_error: Callable[[str], None], sizes=FIT_SIZES, ops=FIT_OPS):
     """Times every candidate family at every (op, size); returns
@@ -57,7 +52,8 @@ def measure_families(control, make_backend: Callable[[str], object], model, dtyp
                 layout = coll.layout(size, dtype.itemsize, n)
                 if layout is None:
                     continue
-                names = [f for f, _ in model.predict(op, layout.size)]
+                formula = dict(model.predict(op, layout.size))  # family -> uncorrected seconds
+                names = list(formula)
                 bufs = Buffers(Buffer(layout.in_count, dtype), Buffer(layout.out_count, dtype))
                 prepared = [prepare(control, backends[f], lambda f=f: backends[f].bind(coll, bufs, "sum", 0),
                                     coll, layout, bufs, "sum", 0, dtype, timing, on_error) for f in names]
@@ -65,8 +61,7 @@ def measure_families(control, make_backend: Callable[[str], object], model, dtyp
                     if m.error or m.wrong > 0:
                         failures.append(f"{op} {layout.size} B {f}: {m.error or f'{m.wrong} wrong elements'}")
                         continue
-                    points.setdefault((op, f), []).append((layout.size, formula(model, op, f, layout.size),
-                                                           m.time_s))
+                    points.setdefault((op, f), []).append((layout.size, formula[f], m.time_s))
     finally:
         for b in backends.values():
             b.close()

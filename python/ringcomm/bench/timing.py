@@ -104,8 +104,12 @@ def _schedule(per_call_s: float, p: TimingParams):
     """(calls per sample, samples) for a call that takes ``per_call_s``."""
     per_call_s = max(per_call_s, 1e-9)
     batch = min(max(1, math.ceil(round(p.batch_s / per_call_s, 6))), 1_000_000)
-    samples = int(min(p.iters, max(p.min_iters, p.budget_s // (batch * per_call_s))))
-    return batch, samples
+    return batch, _samples(batch, per_call_s, p)
+
+
+def _samples(batch: int, per_call_s: float, p: TimingParams) -> int:
+    """Samples of `batch` calls that fit the budget, within [min_iters, iters]."""
+    return int(min(p.iters, max(p.min_iters, p.budget_s // (batch * max(per_call_s, 1e-9)))))
 
 
 def _timed_samples(barrier, run, sync, batch: int, samples: int) -> np.ndarray:
@@ -205,10 +209,7 @@ def measure(control: Control, backend, make_run: Callable[[], Callable[[], None]
             p: TimingParams, on_error: Callable[[str], None]) -> Measurement:
     """Steps 1-4 above for one backend, on every rank; every rank returns the same Measurement."""
     prep = prepare(control, backend, make_run, coll, layout, bufs, redop, root, dtype, p, on_error)
-    if prep.error:
-        return Measurement(error=prep.error)
-    b = prep.backend
-    return _finish(control, prep, _timed_samples(b.barrier, prep.run, b.synchronize, prep.batch, prep.samples))
+    return measure_side_by_side(control, [prep])[0]
 
 
 def _common_batch(prepared: List[Prepared]) -> None:
@@ -225,8 +226,7 @@ def _common_batch(prepared: List[Prepared]) -> None:
             continue
         cap = max(1, int(p.params.budget_s / (p.params.min_iters * max(p.per_call, 1e-9))))
         p.batch = max(p.batch, min(want, cap))
-        p.samples = int(min(p.params.iters, max(p.params.min_iters,
-                                                p.params.budget_s // (p.batch * max(p.per_call, 1e-9)))))
+        p.samples = _samples(p.batch, p.per_call, p.params)
 
 
 def measure_side_by_side(control: Control, prepared: List[Prepared]) -> List[Measurement]:
