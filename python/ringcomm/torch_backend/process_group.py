@@ -128,7 +128,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             work = RingcommWork(works, result, staging, self._completer)
             if not async_op:
                 work.wait()
-        return self._register(work)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     def _flat_gather_buffer(self, what, staging, outputs, inp):
         """A flat buffer of size * inp.numel() whose blocks are copied into `outputs`."""
@@ -379,7 +381,6 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         raise RuntimeError("ringcomm: recv from any source is not supported; pass src= to recv/irecv")
 
     def _register(self, work):
-        """`work`, kept for end_coalescing's Work while coalescing."""
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
