@@ -17,7 +17,6 @@ from ringcomm import validate
 from ringcomm.communicator import Communicator
 from ringcomm.config import make_config
 from ringcomm.reduce_op import ReduceOp
-from ringcomm.torch_backend.tagged import TaggedP2P, TaggedRecvWork, TaggedSendWork
 from ringcomm.torch_backend.tensors import Staging, as_movable, as_reducible, flat, reduce_op
 from ringcomm.torch_backend.work import Completer, RingcommWork
 
@@ -38,14 +37,6 @@ def _root_of(opts):
 
 def _as_list(tensors):
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-
-
-def _tag_of(tag):
-    if isinstance(tag, bool) or not isinstance(tag, int):
-        raise TypeError(f"ringcomm send/recv: tag must be an int, got {type(tag).__name__}")
-    if not -2**63 <= tag < 2**63:
-        raise ValueError(f"ringcomm send/recv: tag {tag} does not fit in 64 bits")
-    return tag
 
 
 def _same_dtype(what, expected, t):
@@ -73,15 +64,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         # after destroy_process_group(): count this rank's groups on the store
         # so that a re-created group never reads its predecessor's keys.
         incarnation = store.add(f"ringcomm/incarnation/{rank}", 1)
-        config = make_config(timeout)
-        self._comm = Communicator(store, f"ringcomm/{incarnation}", rank, size, config)
-        # Messages sent with a tag other than 0 (tagged.py): their own stream.
-        # It inherits the cost model instead of measuring its own: that
-        # measurement was most of what the second communicator added to a
-        # group's creation (15 ms of it, now 6 ms, on one host).
-        self._tagged_comm = Communicator(store, f"ringcomm/{incarnation}/tagged", rank, size, config,
-                                         cost_params=self._comm.cost_params())
-        self._tagged = TaggedP2P(self._tagged_comm)
+        self._comm = Communicator(store, f"ringcomm/{incarnation}", rank, size, make_config(timeout))
         self._group_name = group_name
         self._group_desc = "undefined"
         self._completer = Completer(f"ringcomm-pg-{group_name or incarnation}-completer")
@@ -350,16 +333,11 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         return calls
 
     # -- point to point -------------------------------------------------------
-    # A recv gets the oldest message from its source sent with its tag (gloo's
-    # and MPI's matching). Tag 0, torch's default, is the native path; other
-    # tags go through tagged.py, on a stream of their own.
+    # Messages between two ranks are matched in issue order; tags are accepted
+    # and not used for matching.
     def send(self, tensors, dstRank, tag=0):
         staging, calls = Staging(), []
-        tensors, tag = _as_list(tensors), _tag_of(tag)
-        if tag:
-            works = [TaggedSendWork(self._tagged, self._tagged.send(staging.dense(t), int(dstRank), tag))
-                     for t in tensors]
-            return self._register(RingcommWork(works, tensors, staging, self._completer))
+        tensors = _as_list(tensors)
         for t in tensors:
             buf = as_movable(staging.dense(t))
             calls.append(lambda a, b=buf: self._comm.send(b, int(dstRank), async_op=a))
@@ -367,11 +345,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     def recv(self, tensors, srcRank, tag=0):
         staging, calls = Staging(), []
-        tensors, tag = _as_list(tensors), _tag_of(tag)
-        if tag:
-            src = int(srcRank)
-            posted = [self._tagged.post(staging.output(t), src, tag) for t in tensors]
-            return self._register(TaggedRecvWork(self._tagged, src, posted, tensors, staging))
+        tensors = _as_list(tensors)
         for t in tensors:
             buf = as_movable(staging.output(t))
             calls.append(lambda a, b=buf: self._comm.recv(b, int(srcRank), async_op=a))
@@ -379,11 +353,6 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError("ringcomm: recv from any source is not supported; pass src= to recv/irecv")
-
-    def _register(self, work):
-        if self._coalesced is not None:
-            self._coalesced.append(work)
-        return work
 
     # -- synchronisation ------------------------------------------------------
     def barrier(self, opts=None):
@@ -407,9 +376,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         """Waits for issued operations and releases the communicator."""
         self._completer.close()
         self._comm.close()
-        self._tagged_comm.close()
 
     def abort(self):
         self._comm.abort("the torch process group was aborted")
-        self._tagged_comm.abort("the torch process group was aborted")
         self._completer.close()
