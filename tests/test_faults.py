@@ -364,7 +364,7 @@ def _timeout_says_what_peers_did(ctx, fails, msgs):
             # The first rank to time out aborts: the other may raise with its message.
             m = str(e)
             msgs.append(f"diag on rank {r}: {type(e).__name__}: {m}")
-            for part in ("timed out", "rank 2 never called all_reduce (seq 3)",
+            for part in ("Timed out", "rank 2 never called all_reduce (seq 3)",
                          "its last call was broadcast (seq 2), finished"):
                 if part not in m:
                     fails.append(f"diag: the timeout message lacks {part!r}: {m}")

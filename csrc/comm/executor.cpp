@@ -301,7 +301,7 @@ void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
 void Executor::throw_timeout(const CallInfo& info, const std::string& what) const {
   std::string peers = peers_activity(info);
   throw TimeoutError("ringcomm: " + info.op + " (seq " + std::to_string(info.seq) + ") on rank " +
-                     std::to_string(rank_) + " timed out after " + seconds_text(info.timeout_s) + " s " + what +
+                     std::to_string(rank_) + ": Timed out after " + seconds_text(info.timeout_s) + " s " + what +
                      (peers.empty() ? " (did every rank call it?)" : ": " + peers));
 }
 

@@ -204,7 +204,7 @@ void Communicator::run_small_sendrecv(const Buffer& send_buf, int dst, const Msg
                                   : "waiting for rank " + std::to_string(dst) + " to take data";
     throw TimeoutError("ringcomm: sendrecv (send seq " + std::to_string(out.seq) + " to rank " +
                        std::to_string(dst) + ", recv seq " + std::to_string(in.seq) + " from rank " +
-                       std::to_string(src) + ") on rank " + std::to_string(rank_) + " timed out after " + secs +
+                       std::to_string(src) + ") on rank " + std::to_string(rank_) + ": Timed out after " + secs +
                        " s " + what + " (did the peers call it?)");
   };
   executor_.drive(step, [&] { return sent && got; }, deadline_from_now(), info, timeout);

@@ -77,7 +77,7 @@ void GpuWork::synchronize(double timeout_s) {
   if (wait_host(timeout_s)) return;
   const std::string secs = seconds_text(timeout_s);
   owner_->fail(what_ + " timed out after " + secs + " s on the GPU", true);
-  throw TimeoutError("ringcomm: " + what_ + " on rank " + std::to_string(owner_->rank()) + " timed out after " +
+  throw TimeoutError("ringcomm: " + what_ + " on rank " + std::to_string(owner_->rank()) + ": Timed out after " +
                      secs + " s on the GPU (did every rank call it?); the NCCL communicator was aborted");
 }
 

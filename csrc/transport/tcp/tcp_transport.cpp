@@ -330,7 +330,7 @@ void TcpTransport::await_links(const std::vector<int>& peers, Clock::time_point 
       if (turned_away_) {
         strangers = "; " + std::to_string(turned_away_) + " connection(s) turned away (" + turned_away_text_ + ")";
       }
-      throw TimeoutError("ringcomm: rank " + std::to_string(rank_) + " timed out after " + took +
+      throw TimeoutError("ringcomm: rank " + std::to_string(rank_) + ": Timed out after " + took +
                          " s waiting for TCP connections with rank(s) " + missing + strangers);
     }
     links_cv_.wait_for(lk, std::min<Clock::duration>(kInterruptPoll, deadline - now));

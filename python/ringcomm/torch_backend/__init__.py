@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ringcomm.torch_backend.process_group import BACKEND_NAME, ProcessGroupRingcomm
 
-__all__ = ["BACKEND_NAME", "ProcessGroupRingcomm", "register"]
+__all__ = ["BACKEND_NAME", "ProcessGroupRingcomm", "monitored_barrier", "register"]
 
 
 def _create_process_group(dist_backend_opts, backend_options):
@@ -51,3 +51,20 @@ def _autoload():
 
 
 register()
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """gloo's monitored barrier on a ringcomm group (see ProcessGroupRingcomm.monitored_barrier).
+
+    torch's own `dist.monitored_barrier` refuses any backend not named
+    "gloo" before it reaches the group, so ringcomm groups take it here:
+    rank 0 raises naming the first rank (every rank, with wait_all_ranks)
+    that did not arrive within `timeout`; the other ranks raise too.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    pg = group if group is not None else c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupRingcomm):
+        raise ValueError(f"ringcomm.torch_backend.monitored_barrier: {pg!r} is not a ringcomm group; "
+                         "use torch.distributed.monitored_barrier for gloo groups")
+    return pg.monitored_barrier(timeout, wait_all_ranks)

@@ -8,9 +8,13 @@ completed Work; otherwise the operations run on the communicator's worker
 thread, in issue order.
 """
 import math
+import time
+import zlib
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C._profiler import _RecordFunctionFast
 
 from ringcomm import validate
 
@@ -21,6 +25,21 @@ from ringcomm.torch_backend.tensors import Staging, as_movable, as_reducible, fl
 from ringcomm.torch_backend.work import Completer, RingcommWork
 
 BACKEND_NAME = "ringcomm"
+
+
+def _profiler_enabled():
+    return torch.autograd.profiler._is_profiler_enabled
+
+
+def _tensors_of(inputs):
+    """The tensors of a torch call's inputs (a list of tensors or of lists), for the profiler."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            out.extend(t for t in x if isinstance(t, torch.Tensor))
+    return out
 
 
 def _is_async(opts):
@@ -64,7 +83,12 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         # after destroy_process_group(): count this rank's groups on the store
         # so that a re-created group never reads its predecessor's keys.
         incarnation = store.add(f"ringcomm/incarnation/{rank}", 1)
-        self._comm = Communicator(store, f"ringcomm/{incarnation}", rank, size, make_config(timeout))
+        self._prefix = f"ringcomm/{incarnation}"
+        self._comm = Communicator(store, self._prefix, rank, size, make_config(timeout))
+        self._store = store
+        self._seq = 0  # torch calls issued (torch's sequence number for the group)
+        self._monitored = 0  # monitored_barrier calls made
+        self._profiling_name = BACKEND_NAME  # profiler events are "<this>:<op>"
         self._group_name = group_name
         self._group_desc = "undefined"
         self._completer = Completer(f"ringcomm-pg-{group_name or incarnation}-completer")
@@ -95,21 +119,37 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         return f"<ProcessGroupRingcomm {self._group_name!r} rank {self.rank()} of {self.size()}>"
 
     # -- plumbing -------------------------------------------------------------
-    def _launch(self, calls, result, staging, async_op):
+    def _launch(self, calls, result, staging, async_op, title, inputs):
         """Issues `calls` (each f(async_op) -> ringcomm.Work or None) in order.
 
         One blocking call runs inline; otherwise all are issued asynchronously
         (so that sends and receives progress together) and, for a blocking
         torch call, waited for before returning.
+
+        While a torch profiler runs, the call is recorded as torch's backends
+        record theirs: an async event "<backend>:<title>" with the input
+        shapes, ended when the operation completes.
         """
-        if not async_op and len(calls) == 1:
+        self._seq += 1
+        record = None
+        if _profiler_enabled():
+            record = _RecordFunctionFast(f"{self._profiling_name}:{title}", _tensors_of(inputs))
+            record.__enter__()
+        if record is None and not async_op and len(calls) == 1:
             calls[0](False)
             staging.finish()
             work = RingcommWork((), result, None, self._completer)
         else:
-            works = [w for w in (c(True) for c in calls) if w is not None]
+            try:
+                works = [w for w in (c(True) for c in calls) if w is not None]
+            except BaseException:
+                if record is not None:
+                    record.__exit__(None, None, None)
+                raise
             work = RingcommWork(works, result, staging, self._completer)
-            if not async_op:
+            if record is not None:
+                work.profile(record)
+            elif not async_op:
                 work.wait()
         if self._coalesced is not None:
             self._coalesced.append(work)
@@ -146,10 +186,67 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         op = _op_of(opts)
         staging, calls = Staging(), []
         tensors = _as_list(tensors)
+        if any(t.layout == torch.sparse_coo for t in tensors if isinstance(t, torch.Tensor)):
+            return self._sparse_allreduce(tensors, op)
         for t in tensors:
             buf, rop = as_reducible(staging.output(t), op)
             calls.append(lambda a, b=buf, o=rop: self._comm.all_reduce(b, o, async_op=a))
-        return self._launch(calls, tensors, staging, _is_async(opts))
+        return self._launch(calls, tensors, staging, _is_async(opts), "all_reduce", tensors)
+
+    def _sparse_allreduce(self, tensors, op):
+        """all_reduce of sparse COO tensors, as gloo does it: every rank's
+        indices and values are gathered and summed (coalesced) on every rank;
+        each tensor is then replaced in place by the sum.
+
+        It runs in the calling thread, also for async_op (its later steps
+        depend on the sizes the first one gathers); the Work it returns is
+        complete.
+        """
+        if op != ReduceOp.SUM:
+            raise ValueError(f"ringcomm all_reduce: sparse tensors reduce with ReduceOp.SUM only, "
+                             f"got ReduceOp.{op.name}")
+        self._seq += 1
+        for t in tensors:
+            if t.layout != torch.sparse_coo:
+                raise ValueError("ringcomm all_reduce: sparse and dense tensors mixed in one call")
+            if t.device.type != "cpu":
+                raise ValueError(f"ringcomm all_reduce: sparse tensor on {t.device}; sparse all_reduce "
+                                 "runs on CPU tensors")
+            self._sparse_allreduce_one(t)
+        return RingcommWork((), tensors, None, self._completer)
+
+    def _sparse_allreduce_one(self, t):
+        n = self.size()
+        c = t.detach().coalesce()
+        idx, vals = c.indices(), c.values()
+        shape = list(t.shape)
+        # What every rank must agree on, gathered first so that all raise alike.
+        meta = torch.tensor([c._nnz(), t.sparse_dim(), t.dense_dim(), len(shape),
+                             zlib.crc32(repr((str(t.dtype), shape)).encode())], dtype=torch.int64)
+        metas = torch.empty(n * meta.numel(), dtype=torch.int64)
+        self._comm.all_gather(metas, meta)
+        metas = metas.view(n, -1)
+        for r in range(n):
+            if not torch.equal(metas[r, 1:], meta[1:]):
+                raise ValueError(f"ringcomm all_reduce: sparse tensors differ across ranks: rank {r} has "
+                                 f"another shape, dtype or sparse/dense split than rank {self.rank()} "
+                                 f"({t.dtype}, shape {shape}, {t.sparse_dim()} sparse dims)")
+        counts = metas[:, 0].tolist()
+        most = max(counts)
+        row = vals.shape[1:]
+        pidx = torch.zeros((t.sparse_dim(), most), dtype=torch.int64)
+        pidx[:, :counts[self.rank()]] = idx
+        pval = torch.zeros((most, *row), dtype=vals.dtype)
+        pval[:counts[self.rank()]] = vals
+        all_idx = torch.empty((n, t.sparse_dim(), most), dtype=torch.int64)
+        all_val = torch.empty((n, most, *row), dtype=vals.dtype)
+        self._comm.all_gather(all_idx.view(-1), pidx.view(-1))
+        self._comm.all_gather(as_movable(all_val), as_movable(pval.contiguous()))
+        indices = torch.cat([all_idx[r, :, :counts[r]] for r in range(n)], dim=1)
+        values = torch.cat([all_val[r, :counts[r]] for r in range(n)], dim=0)
+        total = torch.sparse_coo_tensor(indices, values, shape, dtype=t.dtype, check_invariants=False).coalesce()
+        with torch.no_grad():
+            t.copy_(total)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -161,7 +258,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         for t in tensors:
             buf, rop = as_reducible(staging.output(t), op)
             calls.append(lambda a, b=buf, o=rop: self._comm.reduce(b, root, o, async_op=a))
-        return self._launch(calls, tensors, staging, _is_async(opts))
+        return self._launch(calls, tensors, staging, _is_async(opts), "reduce", tensors)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = _op_of(opts)
@@ -172,7 +269,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             o, rop = as_reducible(staging.output(out), op)
             i, _ = as_reducible(src, op)
             calls.append(lambda a, o=o, i=i, r=rop: self._comm.reduce_scatter(o, i, r, async_op=a))
-        return self._launch(calls, outputs, staging, _is_async(opts))
+        return self._launch(calls, outputs, staging, _is_async(opts), "reduce_scatter", outputs)
 
     def reduce_scatter_single(self, output, input, opts=None):
         return self.reduce_scatter_single_coalesced([output], [input], opts, result=[output])
@@ -187,7 +284,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             o, rop = as_reducible(staging.output(out), op)
             i, _ = as_reducible(staging.dense(inp), op)
             calls.append(lambda a, o=o, i=i, r=rop: self._comm.reduce_scatter(o, i, r, async_op=a))
-        return self._launch(calls, outputs if result is None else result, staging, _is_async(opts))
+        return self._launch(calls, outputs if result is None else result, staging, _is_async(opts),
+                            "reduce_scatter_tensor", inputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -199,7 +297,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         for t in tensors:
             buf = as_movable(staging.output(t))
             calls.append(lambda a, b=buf: self._comm.broadcast(b, root, async_op=a))
-        return self._launch(calls, tensors, staging, _is_async(opts))
+        return self._launch(calls, tensors, staging, _is_async(opts), "broadcast", tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
         staging, calls = Staging(), []
@@ -208,7 +306,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             i = staging.dense(inp)
             buf = self._flat_gather_buffer("all_gather", staging, outs, i)
             calls.append(lambda a, o=as_movable(buf), i=as_movable(i): self._comm.all_gather(o, i, async_op=a))
-        return self._launch(calls, output_lists, staging, _is_async(opts))
+        return self._launch(calls, output_lists, staging, _is_async(opts), "all_gather", inputs)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         # output_lists[r][j] <- input j of rank r
@@ -217,7 +315,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             i = staging.dense(inp)
             buf = self._flat_gather_buffer("all_gather_coalesced", staging, [outs[j] for outs in output_lists], i)
             calls.append(lambda a, o=as_movable(buf), i=as_movable(i): self._comm.all_gather(o, i, async_op=a))
-        return self._launch(calls, output_lists, staging, _is_async(opts))
+        return self._launch(calls, output_lists, staging, _is_async(opts), "all_gather_coalesced", inputs)
 
     def all_gather_single(self, output, input, opts=None):
         return self.all_gather_single_coalesced([output], [input], opts, result=[output])
@@ -230,7 +328,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             _same_dtype("all_gather_into_tensor", out.dtype, inp)
             o, i = as_movable(staging.output(out)), as_movable(staging.dense(inp))
             calls.append(lambda a, o=o, i=i: self._comm.all_gather(o, i, async_op=a))
-        return self._launch(calls, outputs if result is None else result, staging, _is_async(opts))
+        return self._launch(calls, outputs if result is None else result, staging, _is_async(opts),
+                            "all_gather_into_tensor", inputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -244,7 +343,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             if self.rank() == root:
                 src = as_movable(self._concat("scatter", staging, input_lists[j], out.numel(), out.dtype))
             calls.append(lambda a, o=as_movable(o), s=src: self._comm.scatter(o, s, root, async_op=a))
-        return self._launch(calls, outputs, staging, _is_async(opts))
+        return self._launch(calls, outputs, staging, _is_async(opts), "scatter", outputs)
 
     def gather(self, output_lists, inputs, opts=None):
         root = _root_of(opts)
@@ -256,7 +355,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             if self.rank() == root:
                 dst = as_movable(self._flat_gather_buffer("gather", staging, output_lists[j], i))
             calls.append(lambda a, d=dst, i=as_movable(i): self._comm.gather(d, i, root, async_op=a))
-        return self._launch(calls, output_lists, staging, _is_async(opts))
+        return self._launch(calls, output_lists, staging, _is_async(opts), "gather", inputs)
 
     def alltoall(self, outputs, inputs, opts=None):
         # Block sizes may differ per pair and no rank knows all of them, so the
@@ -274,7 +373,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             raise ValueError(f"ringcomm all_to_all: output tensor {me} has {outputs[me].numel()} elements, "
                              f"input tensor {me} has {inputs[me].numel()}")
         outs[me].copy_(ins[me])
-        return self._launch(self._exchange(ins, outs), outputs, staging, _is_async(opts))
+        return self._launch(self._exchange(ins, outs), outputs, staging, _is_async(opts), "all_to_all", inputs)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         staging = Staging()
@@ -282,7 +381,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         o, i = staging.output(output), staging.dense(input)
         if not output_split_sizes and not input_split_sizes:
             call = lambda a, o=as_movable(o), i=as_movable(i): self._comm.all_to_all(o, i, async_op=a)  # noqa: E731
-            return self._launch([call], [output], staging, _is_async(opts))
+            return self._launch([call], [output], staging, _is_async(opts), "all_to_all", [input])
         me = self.rank()
         out_rows = self._splits("output", output, output_split_sizes)
         in_rows = self._splits("input", input, input_split_sizes)
@@ -293,7 +392,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             raise ValueError(f"ringcomm all_to_all_single: this rank sends itself {in_rows[me]} rows "
                              f"but receives {out_rows[me]}")
         outs[me].copy_(ins[me])
-        return self._launch(self._exchange(ins, outs), [output], staging, _is_async(opts))
+        return self._launch(self._exchange(ins, outs), [output], staging, _is_async(opts), "all_to_all", [input])
 
     alltoall_base = all_to_all_single
 
@@ -341,7 +440,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         for t in tensors:
             buf = as_movable(staging.dense(t))
             calls.append(lambda a, b=buf: self._comm.send(b, int(dstRank), async_op=a))
-        return self._launch(calls, tensors, staging, True)
+        return self._launch(calls, tensors, staging, True, "send", tensors)
 
     def recv(self, tensors, srcRank, tag=0):
         staging, calls = Staging(), []
@@ -349,15 +448,82 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         for t in tensors:
             buf = as_movable(staging.output(t))
             calls.append(lambda a, b=buf: self._comm.recv(b, int(srcRank), async_op=a))
-        return self._launch(calls, tensors, staging, True)
+        return self._launch(calls, tensors, staging, True, "recv", tensors)
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError("ringcomm: recv from any source is not supported; pass src= to recv/irecv")
 
     # -- synchronisation ------------------------------------------------------
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """gloo's monitored barrier: rank 0 waits for every other rank and names
+        the first (or, with wait_all_ranks, every) rank that did not arrive
+        within `timeout` (default: the group's); the other ranks wait for
+        rank 0's verdict and raise if it failed.
+
+        It goes through the store, not the communicator, so a rank that never
+        arrives leaves nothing pending in the communicator. Rank 0 publishes
+        its verdict to every rank, so the others raise at once rather than at
+        their own deadline; a rank that arrives late reads the same verdict.
+        Messages are worded as gloo's, which tests match.
+        """
+        if timeout is None:
+            budget = self._comm.timeout
+        else:
+            budget = max(0.0, timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout))
+        ms = int(round(budget * 1000))
+        key = f"{self._prefix}/monitored_barrier/{self._monitored}"
+        self._monitored += 1
+        me, n = self.rank(), self.size()
+        start = time.monotonic()
+        if me != 0:
+            self._store.set(f"{key}/arrived/{me}", "1")
+            verdict = self._poll(f"{key}/verdict", start + budget)
+            if verdict != b"ok":
+                detail = "" if verdict is None else f" (rank 0: {verdict.decode(errors='replace')})"
+                raise RuntimeError(f"Rank {me} successfully reached monitoredBarrier, but received errors while "
+                                   f"waiting for send/recv from rank 0. Please check rank 0 logs for faulty "
+                                   f"rank.{detail}")
+            return RingcommWork((), [], None, self._completer)
+        failed, passed = [], []
+        for r in range(1, n):
+            # As gloo: with wait_all_ranks every rank gets the whole timeout
+            # (else one late rank would leave none for the next).
+            deadline = (time.monotonic() if wait_all_ranks else start) + budget
+            if not wait_all_ranks and time.monotonic() >= deadline:
+                msg = (f"Rank 0 timed out in monitoredBarrier after {ms} ms. Successfully processed ranks: "
+                       f"{', '.join(map(str, passed)) or 'none'}; ranks not processed: "
+                       f"{', '.join(map(str, range(r, n)))}")
+                self._store.set(f"{key}/verdict", msg)
+                raise RuntimeError(msg)
+            if self._poll(f"{key}/arrived/{r}", deadline) is None:
+                failed.append(r)
+                if not wait_all_ranks:
+                    break
+            else:
+                passed.append(r)
+        if failed:
+            who = f"Ranks {', '.join(map(str, failed))}" if wait_all_ranks else f"Rank {failed[0]}"
+            msg = f"[Rank 0]: {who} failed to pass monitoredBarrier in {ms} ms"
+            self._store.set(f"{key}/verdict", msg)
+            raise RuntimeError(msg)
+        self._store.set(f"{key}/verdict", "ok")
+        return RingcommWork((), [], None, self._completer)
+
+    def _poll(self, key, deadline):
+        """The store's value of `key` once it is set, or None at the deadline."""
+        pause = 0.0005
+        while True:
+            if self._store.check([key]):
+                return self._store.get(key)
+            now = time.monotonic()
+            if now >= deadline:
+                return None
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, 0.02)
+
     def barrier(self, opts=None):
         call = lambda a: self._comm.barrier(async_op=a)  # noqa: E731
-        return self._launch([call], [], Staging(), _is_async(opts))
+        return self._launch([call], [], Staging(), _is_async(opts), "barrier", [])
 
     def start_coalescing(self, device):
         # Operations are issued at once anyway; coalescing only collects
@@ -370,6 +536,38 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         works, self._coalesced = self._coalesced or [], None
         # A RingcommWork waits on anything with wait / is_completed / exception.
         return RingcommWork(works, [], None, self._completer)
+
+    # -- what torch looks up per device -------------------------------------
+    # torch uses a ProcessGroup written in Python as the whole group and
+    # registers no per-device Backend under it (torch 2.13 cannot build a
+    # c10d Backend from Python: "No constructor defined"). The lookups that
+    # torch's Python code makes on a group are answered here instead: the
+    # group is its own backend for the devices it serves.
+    @property
+    def _device_types(self):
+        return [torch.device("cpu")]
+
+    def _get_backend(self, device):
+        device = torch.device(device)
+        if device.type not in {d.type for d in self._device_types}:
+            raise RuntimeError(f"ringcomm: the group serves {[d.type for d in self._device_types]} tensors, "
+                               f"not {device.type}")
+        return self
+
+    @property
+    def supports_splitting(self):
+        return False
+
+    @property
+    def supports_coalescing(self):
+        return True
+
+    def _set_sequence_number_for_group(self):
+        """The sequence starts at 0 in every rank (torch calls this once, at creation)."""
+
+    def _get_sequence_number_for_group(self):
+        """The number of torch calls issued on this group (the same on every rank)."""
+        return self._seq
 
     # -- lifetime -------------------------------------------------------------
     def shutdown(self):

@@ -93,6 +93,9 @@ class Staging:
 def _check_cpu(t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"ringcomm: expected a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"ringcomm: a {t.layout} tensor was given; of the sparse layouts the ringcomm "
+                         "backend takes sparse COO tensors in all_reduce (SUM) only, as gloo does")
     if t.device.type != "cpu":
         raise ValueError(f"ringcomm: tensor is on {t.device}; the ringcomm torch backend is "
                          "registered for CPU tensors only (use device_id / 'cuda:nccl' for GPUs)")

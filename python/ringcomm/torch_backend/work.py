@@ -47,8 +47,26 @@ class RingcommWork(dist._Work):
         self._future = None
         self._delivered = False
         self._watched = False
+        self._record = None  # a profiler record, ended by the Completer (see profile())
+        self._record_ended = None
         if not self._works:
             self._settle()
+
+    def profile(self, record):
+        """Ends `record` (an entered profiler RecordFunction) when the operation
+        completes, in the Completer's thread as torch's backends end theirs in
+        their worker thread (profilers then see an async event); wait()
+        returns only once it ended, so a profiler closed right after sees it."""
+        self._record, self._record_ended = record, threading.Event()
+        self._completer.watch(self)
+
+    def _end_record(self):
+        record, self._record = self._record, None
+        if record is not None:
+            try:
+                record.__exit__(None, None, None)
+            finally:
+                self._record_ended.set()
 
     # -- completion ----------------------------------------------------------
     def _native_done(self):
@@ -112,6 +130,8 @@ class RingcommWork(dist._Work):
                     if not w.is_completed():
                         raise  # this wait expired; the operation is still running
             self._settle()
+        if self._record_ended is not None:
+            self._record_ended.wait()
         if self._error is not None:
             raise self._error
         return True
@@ -170,6 +190,7 @@ class Completer:
         self._stop = False
 
     def watch(self, work):
+        """Settles `work` once it finished: completes its future, ends its profiler record."""
         with self._cv:
             self._pending.append(work)
             if self._thread is None:
@@ -196,7 +217,7 @@ class Completer:
             except Exception:  # noqa: BLE001 - _settle() below records the error
                 pass
             with self._cv:
-                done = [w for w in self._pending if w._native_done()]
+                done = [w for w in self._pending if w._native_done() or w._settled]
                 if done:
                     self._pending = [w for w in self._pending if not any(w is d for d in done)]
             for w in done:
@@ -204,3 +225,4 @@ class Completer:
                     w._settle()
                 except Exception:  # noqa: BLE001 - a failing future callback must not stop the thread
                     pass
+                w._end_record()
