@@ -15,7 +15,7 @@ import pytest
 import harness
 
 WORLD_SIZES = [2, 4]
-SECTIONS = ("train", "errors", "state", "memory", "comm", "3d")
+SECTIONS = ("train", "errors", "overlap", "state", "memory", "comm", "3d")
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 STEPS, PER_RANK, LR = 20, 4, 0.05
 
@@ -246,6 +246,71 @@ def section_errors(comm, fail):
     expect(ValueError, "does not fit this rank", lambda: z.load_state_dict(sd), "sharded elsewhere")
     expect(ValueError, "mode must be", lambda: z.state_dict(mode="half"), "state mode")
     z.remove_hooks()
+    # Ranks that disagree on the stage or the model fail on every rank at construction.
+    expect(ValueError, "disagree", lambda: ZeroDataParallel(_mlp(1), comm, stage=1 + comm.rank % 2),
+           "stages differ")
+    width = 8 + comm.rank
+    expect(ValueError, "disagree", lambda: ZeroDataParallel(nn.Linear(width, 2), comm), "models differ")
+
+
+def section_overlap(comm, fail):
+    """Stage 2 issues bucket reduce_scatters while backward runs (none with overlap=False);
+    stage 3 gathers each module before its forward and again before its backward, the
+    next one prefetched, and never holds more than two modules gathered."""
+    import torch
+
+    from ringcomm.parallel import ZeroDataParallel
+
+    x = torch.randn(4, 256)
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        z = ZeroDataParallel(_big_model(), comm, stage=2, bucket_cap_mb=0.25, overlap=overlap, lr=1e-3)
+        n = len(z.units)
+        for step in range(2):
+            z(x).square().mean().backward()
+            during = sum(1 for e in z.events if e[0] == "reduce")
+            z.step()
+            z.zero_grad()
+        want = n - 1 if overlap else 0  # the last bucket's hook is the last thing backward runs
+        if (during < want) if overlap else (during != 0):
+            fail(f"stage 2 overlap={overlap}: {during} of {n} reduce_scatters issued during backward, "
+                 f"expected {'at least ' if overlap else ''}{want}")
+        z.remove_hooks()
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        z = ZeroDataParallel(_big_model(), comm, stage=3, overlap=overlap, lr=1e-3)
+        n = len(z.units)
+        for step in range(2):
+            z.events = []
+            z(x).square().mean()  # forward only: every unit gathered once, then freed
+            fwd = list(z.events)
+            z(x).square().mean().backward()
+            ev = list(z.events)[len(fwd):]
+            z.step()
+            z.zero_grad()
+        what = f"stage 3 overlap={overlap}"
+        for label, events, passes in (("forward", fwd, 1), ("forward+backward", ev, 2)):
+            gathers = [e for e in events if e[0] == "gather"]
+            per_unit = {u: sum(1 for e in gathers if e[1] == u) for u in range(n)}
+            if set(per_unit.values()) != {passes}:
+                fail(f"{what} {label}: gathers per module {per_unit}, expected {passes} each")
+            prefetched = sum(1 for e in gathers if e[2] == "prefetch")
+            want = passes * (n - 1) if overlap else 0
+            if prefetched != want:
+                fail(f"{what} {label}: {prefetched} of {len(gathers)} gathers prefetched, expected {want}")
+            live = peak = 0
+            for e in events:
+                live += 1 if e[0] == "gather" else (-1 if e[0] == "free" else 0)
+                peak = max(peak, live)
+            if peak > (2 if overlap else 1) or live != 0:
+                fail(f"{what} {label}: {peak} modules gathered at once at the peak, {live} at the end")
+        reduces = [e[1] for e in ev if e[0] == "reduce"]  # during backward (overlap=False: in step)
+        if sorted(reduces) != (list(range(n)) if overlap else []):
+            fail(f"{what}: reduce_scatters during backward {reduces}, expected "
+                 f"{'each of the modules once' if overlap else 'none'}")
+        if z.memory_bytes()["buffers"]:
+            fail(f"{what}: buffers held after the step: {z.memory_bytes()}")
+        z.remove_hooks()
 
 
 def section_state(comm, fail):
@@ -349,10 +414,11 @@ def memory_table(comm):
     return table
 
 
-def paper_bytes(P, N, K=12):
-    """The paper's per-rank bytes (mixed precision, Adam): params, grads, optimizer state."""
-    return {"replicated": (2 * P, 2 * P, K * P), "stage 1": (2 * P, 2 * P, K * P / N),
-            "stage 2": (2 * P, 2 * P / N, K * P / N), "stage 3": (2 * P / N, 2 * P / N, K * P / N)}
+def paper_bytes(P, N):
+    from ringcomm.parallel import paper_memory_bytes
+
+    return {label: paper_memory_bytes(P, N, stage)
+            for stage, label in enumerate(("replicated", "stage 1", "stage 2", "stage 3"))}
 
 
 def section_memory(comm, fail):
@@ -425,6 +491,29 @@ def section_3d(comm, fail):
                          f"{a:.6f}, dense training {b:.6f}")
 
 
+def _peer_lost(comm):
+    """Rank 1 leaves after the wrapper is built; rank 0's step must raise, not hang."""
+    import time
+
+    import torch
+
+    import ringcomm
+    from ringcomm.parallel import ZeroDataParallel
+
+    z = ZeroDataParallel(_big_model(), comm, stage=3, lr=1e-3)
+    if comm.rank == 1:
+        comm.abort("rank 1 leaves the job")
+        return "left"
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    try:
+        z(torch.randn(4, 256)).square().mean().backward()
+        z.step()
+    except ringcomm.RingcommError as e:
+        return f"raised {type(e).__name__} after {time.monotonic() - t0:.1f} s"
+    return "no error"
+
+
 def _all_sections(comm):
     return harness.run_sections(comm, SECTIONS, {n: globals()[f"section_{n}"] for n in SECTIONS},
                                 tracebacks=True)
@@ -437,6 +526,12 @@ _results = harness.cached_groups(_all_sections, comm_timeout=30.0, hard_timeout=
 @pytest.mark.parametrize("section", SECTIONS)
 def test_zero(section, world_size):
     harness.assert_no_failures([r[section] for r in _results(world_size)])
+
+
+def test_zero_peer_lost():
+    out = harness.run_ranks(_peer_lost, 2, comm_timeout=10.0, hard_timeout=90)
+    assert out[1] == "left"
+    assert out[0].startswith("raised"), out[0]
 
 
 def test_paper_formulas():

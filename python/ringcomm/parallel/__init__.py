@@ -30,7 +30,7 @@ from ringcomm.parallel.tp import (
     sync_sequence_parallel_grads,
     tensor_parallel,
 )
-from ringcomm.parallel.zero import ZeroDataParallel
+from ringcomm.parallel.zero import ZeroDataParallel, paper_memory_bytes
 
 __all__ = [
     "ColumnParallelLinear",
@@ -54,4 +54,5 @@ __all__ = [
     "sync_sequence_parallel_grads",
     "tensor_parallel",
     "ZeroDataParallel",
+    "paper_memory_bytes",
 ]

@@ -155,8 +155,11 @@ class ZeroDataParallel(nn.Module):
         self._managed = {id(p) for p in params}
         self.comm_stats = {"reduce_scatter_bytes": 0, "all_gather_bytes": 0,
                            "reduce_scatter_calls": 0, "all_gather_calls": 0}
-        self._broadcast(params + list(module.buffers()))
         self.units = self._make_units(params)
+        self._check_agreement()
+        self._broadcast(params + list(module.buffers()))
+        self.events = []  # since the last step: ("gather", unit, "prefetch"|"demand"), ("free", unit),
+        # ("reduce", unit), ("backward_end",) -- what the tests read to see the overlap
         self._where = {}
         for u in self.units:
             for i, p in enumerate(u.params):
@@ -220,6 +223,18 @@ class ZeroDataParallel(nn.Module):
             size += nbytes
         return [_Unit(i, ps, None, self.world, self.rank) for i, ps in enumerate(buckets)]
 
+    def _check_agreement(self):
+        """Every rank must build the same units (the collectives are sized by them)."""
+        mine = torch.tensor([self.stage, len(self.units), sum(u.padded for u in self.units),
+                             hash(tuple(u.padded for u in self.units)) % (2 ** 61)], dtype=torch.int64)
+        every = torch.empty(self.world * mine.numel(), dtype=torch.int64)
+        self.comm.all_gather(every, mine)
+        rows = every.view(self.world, -1).tolist()
+        if any(r != rows[0] for r in rows):
+            desc = "; ".join(f"rank {i}: stage {r[0]}, {r[1]} units, {r[2]} elements"
+                             for i, r in enumerate(rows))
+            raise ValueError(f"ZeroDataParallel: the ranks disagree on the stage or the model ({desc})")
+
     @torch.no_grad()
     def _init_storage(self):
         for u in self.units:
@@ -254,11 +269,12 @@ class ZeroDataParallel(nn.Module):
         return self.comm.all_gather(out, shard, async_op=True)
 
     # -- stage 3: gathering and freeing ------------------------------------------
-    def _gather(self, u):
+    def _gather(self, u, prefetch=False):
         if u.state != _FREE:
             return
         u.flat.untyped_storage().resize_(u.padded * u.flat.element_size())
         u.work, u.state = self._all_gather(u.flat, u.param_shard), _GATHERING
+        self.events.append(("gather", u.index, "prefetch" if prefetch else "demand"))
 
     def _ensure(self, u):
         self._gather(u)
@@ -270,6 +286,8 @@ class ZeroDataParallel(nn.Module):
         if u.state == _GATHERING:
             u.work.wait()
             u.work = None
+        if u.state != _FREE and self.events is not None:
+            self.events.append(("free", u.index))
         u.flat.untyped_storage().resize_(0)
         u.state = _FREE
 
@@ -288,7 +306,7 @@ class ZeroDataParallel(nn.Module):
         if self.overlap:
             nxt = self._neighbour(u, 1)
             if nxt is not None:
-                self._gather(nxt)
+                self._gather(nxt, prefetch=True)
 
     def _post_forward(self, u, module, args, output):
         if torch.is_grad_enabled():
@@ -302,7 +320,7 @@ class ZeroDataParallel(nn.Module):
         if self.overlap:
             prev = self._neighbour(u, -1)
             if prev is not None:
-                self._gather(prev)
+                self._gather(prev, prefetch=True)
 
     # -- backward -----------------------------------------------------------------
     def _on_grad(self, p):
@@ -347,6 +365,7 @@ class ZeroDataParallel(nn.Module):
         out = torch.empty(u.shard, dtype=self.compute_dtype, device=self.device)
         self._count("reduce_scatter", u.shard, self.compute_dtype)
         u.rs = (self.comm.reduce_scatter(out, u.bucket, op="avg", async_op=True), out)
+        self.events.append(("reduce", u.index))
         u.ready.clear()
         u.issued = True
         self._in_flight.append(u)
@@ -446,6 +465,7 @@ class ZeroDataParallel(nn.Module):
         """Finishes the reductions, steps this rank's shards, and all-gathers the updated
         parameters (stages 1 and 2; stage 3 only refreshes its compute-dtype shard)."""
         self._finish()
+        self.events = []
         self.optimizer.step()
         for u in self.units:
             u.master.grad = None
@@ -682,6 +702,16 @@ class ZeroDataParallel(nn.Module):
         self._handles = []
 
 
+def paper_memory_bytes(P, N, stage, K=12):
+    """The paper's per-rank model-state bytes (section 5, mixed precision: 2-byte parameters
+    and gradients, K bytes of optimizer state per parameter, K = 12 for Adam) as
+    (params, grads, optimizer_state); stage 0 is replicated data parallelism."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage must be 0 (replicated), 1, 2 or 3, got {stage!r}")
+    return (2 * P / (N if stage == 3 else 1), 2 * P / (N if stage >= 2 else 1),
+            K * P / (N if stage >= 1 else 1))
+
+
 def _cast(x, dtype):
     return x.to(dtype) if torch.is_tensor(x) and x.is_floating_point() else x
 
@@ -702,4 +732,4 @@ def _first_grad_tensor(out):
     return None
 
 
-__all__ = ["ZeroDataParallel"]
+__all__ = ["ZeroDataParallel", "paper_memory_bytes"]
