@@ -12,7 +12,8 @@ starts each). Peak tensor memory: bytes held in the implementation's tensors bef
 step (parameters, gradients, optimizer state; ZeroDataParallel.memory_bytes()) plus the
 largest rise during one profiled step, from the profiler's allocation events
 (torch.profiler, profile_memory=True): what the c10 allocator gave out, per rank, max
-over ranks. Not a test: timings on a shared machine are noisy.
+over ranks (the profiler does not see frees of blocks allocated before the profiled step
+began, so the rise is an upper bound). Not a test: timings on a shared machine are noisy.
 """
 import argparse
 import multiprocessing as mp
@@ -68,16 +69,17 @@ def _build(kind, comm, cfg):
 
     model = _model(cfg)
     lr = cfg["lr"]
-    if kind.startswith("z"):
+    if kind in ("z1", "z2", "z3"):
         from ringcomm.parallel import ZeroDataParallel
 
-        z = ZeroDataParallel(model, comm, stage=int(kind[1]), optimizer_class=torch.optim.AdamW, lr=lr)
+        z = ZeroDataParallel(model, comm, stage=int(kind[1]), optimizer_class=torch.optim.AdamW, lr=lr,
+                             bucket_cap_mb=cfg["bucket_mb"])
         return z, z.step, z.zero_grad, lambda: z.memory_bytes()["total"]
     if kind == "zro":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(model, gradient_as_bucket_view=True)
+        ddp = DDP(model, gradient_as_bucket_view=True, bucket_cap_mb=cfg["bucket_mb"])
         opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=lr)
 
         def held():
@@ -207,11 +209,15 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--bucket-mb", type=float, default=4.0,
+                    help="bucket cap of ZeroDataParallel and DDP (MiB)")
     args = ap.parse_args(argv)
-    cfg = {k: getattr(args, k) for k in ("layers", "width", "batch", "steps", "warmup", "lr")}
+    cfg = {k: getattr(args, k) for k in ("layers", "width", "batch", "steps", "warmup", "lr",
+                                         "bucket_mb")}
     nparams = args.layers * (args.width ** 2 + args.width)
     print(f"# world {args.world}, {args.layers} x Linear({args.width}, {args.width}) + Tanh, "
-          f"{nparams / 1e6:.2f} M parameters fp32, AdamW, {args.batch} rows per rank, "
+          f"{nparams / 1e6:.2f} M parameters fp32, AdamW, {args.batch} rows per rank, buckets of "
+          f"{args.bucket_mb:g} MiB, "
           f"{args.steps} steps; step time median after {args.warmup} warm-up steps (slowest rank); "
           f"peak = held before a step + largest rise during one (max over ranks)")
     table = []
