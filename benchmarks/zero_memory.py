@@ -8,6 +8,8 @@ in the tensors each rank keeps between steps. Replicated is stage 1 on a one-ran
 communicator. The paper's formulas: replicated (2+2+K)P, stage 1 2P + 2P + KP/N,
 stage 2 2P + (2+K)P/N, stage 3 (2+2+K)P/N. Between steps no bucket or gathered copy is
 held (the buffers column); the padding of each unit to a multiple of N is counted.
+peak_buffers: the most bytes of buckets, reduce outputs and gathered copies alive at once
+during the steps (stages 2 and 3; buckets of 0.25 MiB, two layers each).
 """
 import os
 import sys
@@ -71,7 +73,8 @@ def main():
         for label in LABELS:
             m = measured[n][label]
             print(f"  N={n} {label:<10s} params {m['params']:,} grads {m['grads']:,} "
-                  f"optimizer_state {m['optimizer_state']:,} buffers {m['buffers']:,}")
+                  f"optimizer_state {m['optimizer_state']:,} buffers {m['buffers']:,} "
+                  f"(peak during a step {m['peak_buffers']:,})")
     return 0
 
 

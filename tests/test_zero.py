@@ -213,6 +213,8 @@ def section_errors(comm, fail):
     expect(TypeError, "optimizer_class", lambda: ZeroDataParallel(m, comm, optimizer_class=dict),
            "optimizer class")
     expect(ValueError, "bucket_cap_mb", lambda: ZeroDataParallel(m, comm, bucket_cap_mb=0), "cap 0")
+    expect(ValueError, "not element-wise",
+           lambda: ZeroDataParallel(m, comm, optimizer_class=torch.optim.LBFGS), "LBFGS")
 
     class Tied(nn.Module):
         def __init__(self):
@@ -398,6 +400,8 @@ def memory_table(comm):
             z.step()
             z.zero_grad()
         out = z.memory_bytes()
+        out["largest_unit"] = max(u.padded + u.shard for u in z.units) * 2  # bf16 bytes
+        out["largest_gather"] = max(u.padded for u in z.units) * 2
         z.remove_hooks()
         return out
 
@@ -435,6 +439,12 @@ def section_memory(comm, fail):
         total = pp + gg + oo
         if abs(got["total"] - total) > 0.05 * total:
             fail(f"ws={N} {label}: total {got['total']}, formula {total:.0f}")
+        # The transient buffers of a step: at most two reduce_scatters in flight and one
+        # bucket filling (stage 2); stage 3 also the module computing and the one prefetched.
+        if label in ("stage 2", "stage 3"):
+            bound = 3 * got["largest_unit"] + (2 * got["largest_gather"] if label == "stage 3" else 0)
+            if not 0 < got["peak_buffers"] <= bound:
+                fail(f"ws={N} {label}: peak buffers {got['peak_buffers']} bytes, bound {bound}")
 
 
 def section_comm(comm, fail):

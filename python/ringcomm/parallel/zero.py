@@ -34,7 +34,11 @@ a factored optimizer, would not be equivalent and is not supported).
 Mixed precision (mixed_precision="bf16"/"fp16" or the torch dtype): the module computes
 in that dtype (parameters, gradients and the collectives), floating-point inputs are
 cast to it; masters and optimizer state are fp32 in the shards, so with Adam the paper's
-K = 12 bytes per parameter (master 4 + momentum 4 + variance 4) are divided by N.
+K = 12 bytes per parameter (master 4 + momentum 4 + variance 4) are divided by N. The
+gradient shard stays in the compute dtype (the paper's 2 bytes), so accumulation over
+micro-batches rounds there. Without mixed precision, stages 1 and 2 still keep the
+master shard as a copy beside the full parameters (4P/N bytes more in fp32, counted in
+optimizer_state); stage 3 steps its parameter shard in place.
 fp16 gets no loss scaling here: scale the loss yourself.
 
 Accumulation: several backward passes before step() sum their gradients. Under
@@ -69,6 +73,9 @@ _MIXED = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.floa
 _FREE, _GATHERING, _GATHERED = 0, 1, 2
 _MAX_IN_FLIGHT = 2  # reduce_scatters in flight before the oldest is waited for
 _STATE_MODES = ("full", "consolidated", "sharded")
+# torch optimizers whose update of an element depends on others of its tensor (on a flat
+# shard they would compute something else) or that need a closure
+_NOT_ELEMENTWISE = ("LBFGS", "Adafactor", "Muon", "SparseAdam")
 
 
 class _Unit:
@@ -132,6 +139,11 @@ class ZeroDataParallel(nn.Module):
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError(f"optimizer_class must be a torch.optim.Optimizer subclass, got "
                             f"{optimizer_class!r}")
+        if optimizer_class.__name__ in _NOT_ELEMENTWISE:
+            raise ValueError(f"{optimizer_class.__name__} is not element-wise (its update of an element "
+                             f"depends on the rest of the tensor, or it needs a closure): ZeRO steps flat "
+                             f"shards, so only element-wise optimizers (SGD, Adam, AdamW, ...) are "
+                             f"supported")
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb!r}")
         self.module, self.comm, self.stage, self.overlap = module, comm, stage, overlap
@@ -158,8 +170,9 @@ class ZeroDataParallel(nn.Module):
         self.units = self._make_units(params)
         self._check_agreement()
         self._broadcast(params + list(module.buffers()))
-        self.events = []  # since the last step: ("gather", unit, "prefetch"|"demand"), ("free", unit),
-        # ("reduce", unit), ("backward_end",) -- what the tests read to see the overlap
+        # since the last step: ("gather", unit, "prefetch"|"demand"), ("free", unit), ("reduce",
+        # unit) -- what the tests read to see the overlap
+        self.events = []
         self._where = {}
         for u in self.units:
             for i, p in enumerate(u.params):
@@ -170,6 +183,8 @@ class ZeroDataParallel(nn.Module):
             raise ValueError("the wrapped optimizer must have one parameter group")
         self._next = 0          # stage 2: next bucket to issue (buckets go in order)
         self._in_flight = []    # units whose reduce_scatter is in flight, oldest first
+        self._esize = torch.empty((), dtype=self.compute_dtype).element_size()
+        self._live = self._peak = 0  # bytes of buckets, reduce outputs and gathered copies
         self._reduced = False   # step()'s reductions done (clip_grad_norm_ ran them)
         self._order = list(self.units)   # stage 3: the last forward's unit order
         self._cur_order = None
@@ -256,7 +271,8 @@ class ZeroDataParallel(nn.Module):
             if self.stage == 3:
                 u.shared_shard = self.compute_dtype == self.master_dtype
                 u.param_shard = u.master.data if u.shared_shard else u.flat[u.lo:u.hi].clone()
-                self._free(u)
+                u.flat.untyped_storage().resize_(0)
+                u.state = _FREE
 
     # -- communication --------------------------------------------------------------
     def _count(self, kind, shard, dtype):
@@ -273,6 +289,7 @@ class ZeroDataParallel(nn.Module):
         if u.state != _FREE:
             return
         u.flat.untyped_storage().resize_(u.padded * u.flat.element_size())
+        self._grow(u.padded)
         u.work, u.state = self._all_gather(u.flat, u.param_shard), _GATHERING
         self.events.append(("gather", u.index, "prefetch" if prefetch else "demand"))
 
@@ -288,6 +305,8 @@ class ZeroDataParallel(nn.Module):
             u.work = None
         if u.state != _FREE and self.events is not None:
             self.events.append(("free", u.index))
+        if u.flat.untyped_storage().nbytes():
+            self._live -= u.flat.untyped_storage().nbytes()
         u.flat.untyped_storage().resize_(0)
         u.state = _FREE
 
@@ -338,6 +357,7 @@ class ZeroDataParallel(nn.Module):
             self._reduced = False
             if u.bucket is None:
                 u.bucket = torch.zeros(u.padded, dtype=self.compute_dtype, device=self.device)
+                self._grow(u.padded)
             u.view(u.bucket, i).add_(p.grad)
             p.grad = None
             u.ready.add(i)
@@ -352,10 +372,15 @@ class ZeroDataParallel(nn.Module):
             u.seen.clear()
             self._free(u)  # its backward is over
 
+    def _grow(self, elements):
+        self._live += elements * self._esize
+        self._peak = max(self._peak, self._live)
+
     def _issue(self, u):
         """reduce_scatter (AVG) of the unit's bucket; p.grad of params not in it is used too."""
         if u.bucket is None:
             u.bucket = torch.zeros(u.padded, dtype=self.compute_dtype, device=self.device)
+            self._grow(u.padded)
         for i, p in enumerate(u.params):
             if i not in u.ready and p.grad is not None:  # accumulated under no_sync, unused since
                 u.view(u.bucket, i).add_(p.grad)
@@ -363,6 +388,7 @@ class ZeroDataParallel(nn.Module):
         while len(self._in_flight) >= _MAX_IN_FLIGHT:
             self._retire(self._in_flight.pop(0))
         out = torch.empty(u.shard, dtype=self.compute_dtype, device=self.device)
+        self._grow(u.shard)
         self._count("reduce_scatter", u.shard, self.compute_dtype)
         u.rs = (self.comm.reduce_scatter(out, u.bucket, op="avg", async_op=True), out)
         self.events.append(("reduce", u.index))
@@ -377,6 +403,7 @@ class ZeroDataParallel(nn.Module):
         work.wait()
         u.grad_shard += out
         u.rs, u.bucket = None, None
+        self._live -= (u.padded + u.shard) * self._esize
 
     def _flush(self, every_unit):
         """Stages 2 and 3: issues (in unit order) what the last backward left unreduced,
@@ -516,7 +543,10 @@ class ZeroDataParallel(nn.Module):
         params (full buffers, or the compute-dtype shards under stage 3), grads (full
         buffers under stage 1, shards otherwise), optimizer_state (fp32 masters where
         they are a separate copy, and the optimizer's state tensors), buffers (buckets
-        and gathered copies in flight: 0 between steps), and total."""
+        and gathered copies in flight: 0 between steps), total, and peak_buffers: the most
+        bytes of stage 2 and 3's buckets, reduce outputs and gathered copies alive at once
+        since construction (bounded by two reduce_scatters in flight plus the buckets
+        being filled; under stage 3 also by the module computing and the one prefetched)."""
         def size(t):
             return 0 if t is None else t.untyped_storage().nbytes()
 
@@ -535,7 +565,7 @@ class ZeroDataParallel(nn.Module):
                 if torch.is_tensor(v):
                     opt += size(v)
         return {"params": params, "grads": grads, "optimizer_state": opt, "buffers": buffers,
-                "total": params + grads + opt + buffers}
+                "total": params + grads + opt + buffers, "peak_buffers": self._peak}
 
     @torch.no_grad()
     def _full(self, u, shard, dst=None):
