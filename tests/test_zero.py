@@ -86,7 +86,8 @@ def _reference(ws, opt_name, bf16, micro, clip):
     return losses, [m.detach() for m in master_params]
 
 
-def _train_zero(comm, stage, opt_name, bf16, micro=1, clip=None, use_dp=False, overlap=True):
+def _train_zero(comm, stage, opt_name, bf16, micro=1, clip=None, use_dp=False, overlap=True,
+                no_sync=True):
     """20 steps of ZeRO (or DataParallel) on this rank's rows. Returns (global mean losses,
     full parameters, the wrapper)."""
     import torch
@@ -110,7 +111,7 @@ def _train_zero(comm, stage, opt_name, bf16, micro=1, clip=None, use_dp=False, o
         xs, ys = x[mine].chunk(micro), y[mine].chunk(micro)
         total = torch.zeros(1)
         for m in range(micro):
-            if m < micro - 1:
+            if m < micro - 1 and no_sync:
                 with z.no_sync():
                     loss = F.mse_loss(z(xs[m]).float(), ys[m])
                     (loss / micro).backward()
@@ -162,12 +163,14 @@ def section_train(comm, fail):
     cases = [(1, "adam", 1, None, True), (2, "sgd", 3, None, True), (3, "sgd", 3, None, True),
              (2, "sgd", 1, 0.05, True), (3, "sgd", 1, 0.05, True), (1, "sgd", 2, 0.05, True),
              (2, "adamw", 1, None, False), (3, "adamw", 1, None, False)]
-    for stage, opt_name, micro, clip, overlap in cases:
+    cases = [c + (True,) for c in cases] + [(2, "sgd", 2, None, True, False),
+                                            (3, "sgd", 2, 0.05, True, False)]
+    for stage, opt_name, micro, clip, overlap, no_sync in cases:
         want_losses, want_params = ref(opt_name, False, micro, clip)
         losses, params, z = _train_zero(comm, stage, opt_name, False, micro=micro, clip=clip,
-                                        overlap=overlap)
+                                        overlap=overlap, no_sync=no_sync)
         what = (f"ws={ws} stage {stage} fp32 {opt_name} micro-batches {micro} clip {clip} "
-                f"overlap {overlap}")
+                f"overlap {overlap} no_sync {no_sync}")
         worst = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses))
         if worst > 1e-5:
             fail(f"{what}: losses differ from the full batch by {worst:.2e} (relative)")
@@ -240,6 +243,29 @@ def section_errors(comm, fail):
         full = z.full_parameters()
         if len(full) != 1:
             fail(f"tied stage {stage}: {len(full)} full parameters, expected 1")
+        z.remove_hooks()
+    # Two backward passes of one forward (retain_graph) sum, also while a reduction of the
+    # first is in flight.
+    import torch.nn.functional as F
+
+    r, ws = comm.rank, comm.world_size
+    x, y = _data(ws, 1)[0]
+    mine = slice(r * PER_RANK, (r + 1) * PER_RANK)
+    ref = _mlp(100)
+    opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    loss = F.mse_loss(ref(x), y)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    opt.step()
+    for stage in (1, 2, 3):
+        z = ZeroDataParallel(_mlp(100), comm, stage=stage, optimizer_class=torch.optim.SGD, lr=LR,
+                             bucket_cap_mb=1500 / 2 ** 20)
+        loss = F.mse_loss(z(x[mine]), y[mine])
+        loss.backward(retain_graph=True)
+        loss.backward()
+        z.step()
+        for i, (p, q) in enumerate(zip(z.full_parameters(), ref.parameters())):
+            _close(fail, f"stage {stage} two backward passes: parameter {i}", p, q.detach(), 1e-5, 1e-6)
         z.remove_hooks()
     # A sharded state loaded at another rank / world is refused.
     z = ZeroDataParallel(_mlp(1), comm, stage=2, lr=0.1)

@@ -355,10 +355,16 @@ class ZeroDataParallel(nn.Module):
             u.seen.add(i)
         if self._sync:
             self._reduced = False
+            if u.rs is not None:  # a second backward while this unit's reduction is in flight
+                self._in_flight.remove(u)
+                self._retire(u)
             if u.bucket is None:
-                u.bucket = torch.zeros(u.padded, dtype=self.compute_dtype, device=self.device)
-                self._grow(u.padded)
-            u.view(u.bucket, i).add_(p.grad)
+                self._new_bucket(u)
+            v = u.view(u.bucket, i)
+            if i in u.ready:  # a second backward before the reduction
+                v.add_(p.grad)
+            else:
+                v.copy_(p.grad)
             p.grad = None
             u.ready.add(i)
             if self.overlap:
@@ -372,6 +378,12 @@ class ZeroDataParallel(nn.Module):
             u.seen.clear()
             self._free(u)  # its backward is over
 
+    def _new_bucket(self, u):
+        # empty, not zeros: every parameter's slice is written once (copy or zero), the pad here
+        u.bucket = torch.empty(u.padded, dtype=self.compute_dtype, device=self.device)
+        u.bucket[u.numel:].zero_()
+        self._grow(u.padded)
+
     def _grow(self, elements):
         self._live += elements * self._esize
         self._peak = max(self._peak, self._live)
@@ -379,12 +391,15 @@ class ZeroDataParallel(nn.Module):
     def _issue(self, u):
         """reduce_scatter (AVG) of the unit's bucket; p.grad of params not in it is used too."""
         if u.bucket is None:
-            u.bucket = torch.zeros(u.padded, dtype=self.compute_dtype, device=self.device)
-            self._grow(u.padded)
+            self._new_bucket(u)
         for i, p in enumerate(u.params):
-            if i not in u.ready and p.grad is not None:  # accumulated under no_sync, unused since
-                u.view(u.bucket, i).add_(p.grad)
-                p.grad = None
+            if i not in u.ready:  # no gradient in this backward: accumulated under no_sync, or 0
+                v = u.view(u.bucket, i)
+                if p.grad is None:
+                    v.zero_()
+                else:
+                    v.copy_(p.grad)
+                    p.grad = None
         while len(self._in_flight) >= _MAX_IN_FLIGHT:
             self._retire(self._in_flight.pop(0))
         out = torch.empty(u.shard, dtype=self.compute_dtype, device=self.device)
