@@ -183,12 +183,12 @@ def section_train(comm, fail):
         losses, params, z = _train_zero(comm, stage, "adamw", True)
         what = f"ws={ws} stage {stage} bf16"
         worst = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses))
-        if worst > 2e-2:
+        if worst > 5e-3:  # measured 6e-4 (N=2), 3e-4 (N=4)
             fail(f"{what}: losses differ from the bf16 full batch by {worst:.2e} (relative)")
         for i, (p, q) in enumerate(zip(params, want_params)):
             if p.dtype != q.dtype:
                 fail(f"{what}: parameter {i} is {p.dtype}, masters must be {q.dtype}")
-            _close(fail, f"{what}: parameter {i}", p, q, 0, 2e-2)
+            _close(fail, f"{what}: parameter {i}", p, q, 0, 1.5e-2)  # measured 5e-3
         z.remove_hooks()
 
 
@@ -518,13 +518,18 @@ def section_3d(comm, fail):
     ws = comm.world_size
     layouts = [(1, 1)] if ws == 2 else [(2, 1), (1, 2)]
     for tp, pp in layouts:
-        for zero in (1, 2, 3):
-            losses, ref = train_3d.train(comm, tp, pp, check=True, steps=4, layers=2, hidden=16,
-                                         seq=8, zero=zero)
+        for zero, mixed in ((1, None), (2, None), (3, None), (1, "bf16"), (3, "bf16")):
+            report = {}
+            losses, ref = train_3d.train(comm, tp, pp, check=True, steps=STEPS, layers=2, hidden=16,
+                                         seq=8, zero=zero, mixed_precision=mixed, report=report)
+            what = f"3D zero {zero} {mixed or 'fp32'} tp={tp} pp={pp} dp={ws // (tp * pp)}"
+            # bf16 against fp32 dense training: measured 5e-3 (losses), 3e-2 (parameters)
+            rtol, ptol = (2e-2, 6e-2) if mixed else (1e-4, 1e-4)
             for i, (a, b) in enumerate(zip(losses, ref)):
-                if abs(a - b) > 1e-4 * abs(b):
-                    fail(f"3D zero {zero} tp={tp} pp={pp} dp={ws // (tp * pp)}: step {i} loss "
-                         f"{a:.6f}, dense training {b:.6f}")
+                if abs(a - b) > rtol * abs(b):
+                    fail(f"{what}: step {i} loss {a:.6f}, dense training {b:.6f}")
+            if report["param_diff"] > ptol:
+                fail(f"{what}: final parameters differ from dense training by {report['param_diff']:.3g}")
 
 
 def _peer_lost(comm):
