@@ -74,7 +74,7 @@ def _build(kind, comm, cfg):
 
         z = ZeroDataParallel(model, comm, stage=int(kind[1]), optimizer_class=torch.optim.AdamW, lr=lr,
                              bucket_cap_mb=cfg["bucket_mb"])
-        return z, z.step, z.zero_grad, lambda: z.memory_bytes()["total"]
+        return z, z.step, lambda: z.zero_grad(set_to_none=True), lambda: z.memory_bytes()["total"]
     if kind == "zro":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel as DDP

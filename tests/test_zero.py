@@ -129,7 +129,7 @@ def _train_zero(comm, stage, opt_name, bf16, micro=1, clip=None, use_dp=False, o
             if clip:
                 z.clip_grad_norm_(clip)
             z.step()
-            z.zero_grad()
+            z.zero_grad(set_to_none=len(losses) % 2 == 0)
     params = [p.detach().clone() for p in local.parameters()] if use_dp else z.full_parameters()
     return losses, params, z
 

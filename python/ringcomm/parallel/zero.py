@@ -416,7 +416,10 @@ class ZeroDataParallel(nn.Module):
     def _retire(self, u):
         work, out = u.rs
         work.wait()
-        u.grad_shard += out
+        if u.grad_shard is None:  # freed by zero_grad(set_to_none=True): take the output
+            u.grad_shard = out
+        else:
+            u.grad_shard += out
         u.rs, u.bucket = None, None
         self._live -= (u.padded + u.shard) * self._esize
 
@@ -458,7 +461,9 @@ class ZeroDataParallel(nn.Module):
         else:
             self._flush(every_unit=True)
             for u in self.units:
-                u.master.grad = u.grad_shard.to(self.master_dtype, copy=True)
+                # the shard itself where the dtypes agree (clipping scales it in place; the
+                # next zero_grad clears it), an fp32 copy under mixed precision
+                u.master.grad = u.grad_shard.to(self.master_dtype)
                 u.issued = False
             if self.stage == 3:
                 for u in self.units:
@@ -523,20 +528,26 @@ class ZeroDataParallel(nn.Module):
             return
         works = []
         for u in self.units:
-            src = u.master.detach().to(self.compute_dtype, copy=True)
+            src = u.master.detach().to(self.compute_dtype)  # no copy without mixed precision
             works.append((self._all_gather(u.flat, src), src))
         for w, _ in works:
             w.wait()
 
-    def zero_grad(self, set_to_none=True):
-        """Zeroes the gradients (the full buffer under stage 1, the shards otherwise)."""
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients: the full buffer under stage 1, the shards otherwise.
+        set_to_none=True frees the stage 2 and 3 gradient shards instead (the first
+        reduction of the next backward becomes the shard): less memory between steps
+        than the paper's accounting, which the default keeps."""
         for u in self.units:
             if self.stage == 1:
                 u.grad_full.zero_()
                 for v, p in zip(u.grad_views, u.params):
                     p.grad = v
             else:
-                u.grad_shard.zero_()
+                if set_to_none:
+                    u.grad_shard = None
+                else:
+                    u.grad_shard.zero_()
                 for p in u.params:
                     p.grad = None
             u.master.grad = None
