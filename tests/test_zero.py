@@ -309,7 +309,7 @@ def section_overlap(comm, fail):
         z = ZeroDataParallel(_big_model(), comm, stage=3, overlap=overlap, lr=1e-3)
         n = len(z.units)
         for step in range(2):
-            z.events = []
+            z.events.clear()
             z(x).square().mean()  # forward only: every unit gathered once, then freed
             fwd = list(z.events)
             z(x).square().mean().backward()

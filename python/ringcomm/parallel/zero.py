@@ -60,6 +60,7 @@ gathers are collectives), and a module's parameters must be used inside its own
 forward (code that reads child.weight from a parent's forward sees an empty tensor).
 Frozen parameters (requires_grad=False) are left replicated and untouched.
 """
+import collections
 import contextlib
 import copy
 import functools
@@ -171,8 +172,8 @@ class ZeroDataParallel(nn.Module):
         self._check_agreement()
         self._broadcast(params + list(module.buffers()))
         # since the last step: ("gather", unit, "prefetch"|"demand"), ("free", unit), ("reduce",
-        # unit) -- what the tests read to see the overlap
-        self.events = []
+        # unit) -- what the tests read to see the overlap; bounded, for loops that never step
+        self.events = collections.deque(maxlen=64 + 16 * len(self.units))
         self._where = {}
         for u in self.units:
             for i, p in enumerate(u.params):
@@ -303,7 +304,7 @@ class ZeroDataParallel(nn.Module):
         if u.state == _GATHERING:
             u.work.wait()
             u.work = None
-        if u.state != _FREE and self.events is not None:
+        if u.state != _FREE:
             self.events.append(("free", u.index))
         if u.flat.untyped_storage().nbytes():
             self._live -= u.flat.untyped_storage().nbytes()
@@ -512,7 +513,7 @@ class ZeroDataParallel(nn.Module):
         """Finishes the reductions, steps this rank's shards, and all-gathers the updated
         parameters (stages 1 and 2; stage 3 only refreshes its compute-dtype shard)."""
         self._finish()
-        self.events = []
+        self.events.clear()
         self.optimizer.step()
         for u in self.units:
             u.master.grad = None
