@@ -36,9 +36,9 @@ in that dtype (parameters, gradients and the collectives), floating-point inputs
 cast to it; masters and optimizer state are fp32 in the shards, so with Adam the paper's
 K = 12 bytes per parameter (master 4 + momentum 4 + variance 4) are divided by N. The
 gradient shard stays in the compute dtype (the paper's 2 bytes), so accumulation over
-micro-batches rounds there. Without mixed precision, stages 1 and 2 still keep the
-master shard as a copy beside the full parameters (4P/N bytes more in fp32, counted in
-optimizer_state); stage 3 steps its parameter shard in place.
+micro-batches rounds there. Without mixed precision the master is no copy: stages 1 and
+2 step the rank's block of the full parameter buffer in place and all-gather in place,
+stage 3 steps its parameter shard.
 fp16 gets no loss scaling here: scale the loss yourself.
 
 Accumulation: several backward passes before step() sum their gradients. Under
@@ -95,7 +95,7 @@ class _Unit:
         self.master = None       # this rank's shard, master dtype: the optimizer's parameter
         self.grad_full = None    # stage 1: the full gradients, params' .grad are views of it
         self.grad_views = None   # stage 1: those views
-        self.shared_shard = False  # stage 3 without mixed precision: param_shard is the master
+        self.shared_shard = False  # without mixed precision: the master is not a copy of its own
         self.grad_shard = None   # stages 2, 3: this rank's reduced gradient shard
         self.bucket = None       # stages 2, 3: the full gradients of this backward, until reduced
         self.ready = set()       # indices of params whose gradient is in the bucket
@@ -257,8 +257,16 @@ class ZeroDataParallel(nn.Module):
             full = torch.zeros(u.padded, dtype=self.param_dtype, device=self.device)
             for v, p in zip(u.views(full), u.params):
                 v.copy_(p.detach())
-            u.master = nn.Parameter(full[u.lo:u.hi].to(self.master_dtype, copy=True))
             u.flat = full.to(self.compute_dtype, copy=True)
+            same = self.compute_dtype == self.master_dtype
+            if same and self.stage != 3:
+                # the master is this rank's block of the full buffer: the optimizer steps the
+                # parameters in place and the all_gather runs in place (its input is output
+                # block `rank`, which ringcomm's schedules allow), no copy of the shard
+                u.master = nn.Parameter(u.flat[u.lo:u.hi])
+                u.shared_shard = True
+            else:
+                u.master = nn.Parameter(full[u.lo:u.hi].to(self.master_dtype, copy=True))
             for v, p in zip(u.views(u.flat), u.params):
                 p.data = v
                 p.grad = None
