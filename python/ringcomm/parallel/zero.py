@@ -121,9 +121,11 @@ class ZeroDataParallel(nn.Module):
         optimizer_class: an element-wise torch optimizer class, built over this rank's
             shards with **optimizer_kwargs (one parameter group).
         mixed_precision: None, "bf16", "fp16" (or the torch dtype).
-        bucket_cap_mb: stages 1 and 2: largest bucket, in MiB of the compute dtype.
+        bucket_cap_mb: stages 1 and 2: largest bucket, in MiB of the compute dtype
+            (stage 3's units are the modules).
         overlap: False defers every reduce_scatter to step() and, under stage 3, turns
             off the prefetch of the next module's gather (the baseline of the benchmark).
+            Stage 1 reduces in step() either way (its full gradients stay until then).
 
     z(*inputs) runs the module; after backward, z.step() finishes the reductions, steps
     this rank's shards and gathers what the stage keeps in full. z.optimizer is the
