@@ -6,7 +6,6 @@ section. Training runs 20 steps; fp32 runs use SGD with momentum (sensitive to t
 gradient's scale, which Adam is not) and AdamW; bf16 runs compare with a mixed-precision
 reference (bf16 model, fp32 master weights and AdamW) computed the same way.
 """
-import copy
 import os
 import sys
 
