@@ -1,5 +1,6 @@
 """The 3D example (examples/train_3d.py) under torchrun: 4 CPU ranks, tensor x pipeline
 parallel (2 x 2), a small configuration; the loss must fall and equal dense training.
+Then tensor parallel 2 x ZeRO stage 3 over data parallel 2 (--pp 1 --zero 3).
 """
 import os
 import re
@@ -13,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_3d.py")
 
 
-def test_3d_example_under_torchrun():
+@pytest.mark.parametrize("extra", [[], ["--pp", "1", "--zero", "3"]], ids=["tp2_pp2", "tp2_zero3_dp2"])
+def test_3d_example_under_torchrun(extra):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):
         pytest.skip(f"torchrun is not installed next to {sys.executable}")
@@ -21,7 +23,7 @@ def test_3d_example_under_torchrun():
     env.update(OMP_NUM_THREADS="1", RINGCOMM_TIMEOUT="30", PYTHONWARNINGS="ignore")
     cmd = [torchrun, "--standalone", "--nproc-per-node", "4", EXAMPLE, "--tp", "2", "--pp", "2",
            "--steps", "12", "--layers", "2", "--hidden", "16", "--seq", "8", "--lr", "1e-2",
-           "--check"]
+           "--check"] + extra
     # Own session: on a timeout the whole group (torchrun and its workers) is killed.
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)

@@ -6,6 +6,10 @@
     model = DataParallel(stage, g.dp)               # bucketed AVG all_reduce during backward
     pipe = Pipeline(model, g.pp, "1f1b", n_microbatches=4, loss_fn=loss)
     losses = pipe.step(tokens, target); model.finish(); opt.step()
+
+    z = ZeroDataParallel(stage, g.dp, stage=3, mixed_precision="bf16", lr=1e-3)  # ZeRO over DP
+    pipe = Pipeline(z, g.pp, "1f1b", n_microbatches=4, loss_fn=loss)
+    losses = pipe.step(tokens, target); z.step(); z.zero_grad()
 """
 from ringcomm.parallel.dp import DataParallel
 from ringcomm.parallel.mesh import ParallelGroups, layout_ranks, split_3d
@@ -26,6 +30,7 @@ from ringcomm.parallel.tp import (
     sync_sequence_parallel_grads,
     tensor_parallel,
 )
+from ringcomm.parallel.zero import ZeroDataParallel, paper_memory_bytes
 
 __all__ = [
     "ColumnParallelLinear",
@@ -48,4 +53,6 @@ __all__ = [
     "split_sequence",
     "sync_sequence_parallel_grads",
     "tensor_parallel",
+    "ZeroDataParallel",
+    "paper_memory_bytes",
 ]
