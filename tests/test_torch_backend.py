@@ -539,8 +539,9 @@ def test_registration():
 
     assert dist.Backend("ringcomm") == "ringcomm"
     assert "RINGCOMM" in dist.Backend._plugins
-    assert dist.Backend.backend_capability["ringcomm"] == ["cpu"]
+    assert dist.Backend.backend_capability["ringcomm"] == ["cpu", "cuda"]
     assert dist.Backend.default_device_backend_map["cpu"] == "gloo", "ringcomm must not take over cpu"
+    assert dist.Backend.default_device_backend_map["cuda"] == "nccl", "ringcomm must not take over cuda"
     tb.register()  # idempotent
 
 

@@ -34,11 +34,20 @@ def _lookups(c, pg, rank, ws):
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    c.check("_device_types", pg._device_types == [torch.device("cpu")], str(pg._device_types))
+    import ringcomm
+
+    devices = ["cpu", "cuda"] if ringcomm.build_info()["cuda"] else ["cpu"]
+    c.check("registered for cpu and cuda", dist.Backend.backend_capability["ringcomm"] == ["cpu", "cuda"],
+            str(dist.Backend.backend_capability.get("ringcomm")))
+    c.check("_device_types", pg._device_types == [torch.device(d) for d in devices], str(pg._device_types))
     c.check("_get_backend(cpu) is the group", pg._get_backend(torch.device("cpu")) is pg)
-    c.raises("_get_backend(cuda)", lambda: pg._get_backend(torch.device("cuda")), RuntimeError, ["cuda"])
+    if "cuda" in devices:
+        c.check("_get_backend(cuda) is the group", pg._get_backend(torch.device("cuda:0")) is pg)
+    c.raises("_get_backend(meta)", lambda: pg._get_backend(torch.device("meta")), RuntimeError, ["meta"])
     c.check("object collective device", c10d._get_object_coll_device(pg) == "cpu")
-    c.check("device capability", c10d._device_capability(pg) == ["cpu"])
+    c.check("device capability", c10d._device_capability(pg) == devices, str(c10d._device_capability(pg)))
+    c.raises("a tensor on another device", lambda: dist.all_reduce(torch.ones(2, device="meta")), ValueError,
+             ["meta", "CPU and CUDA"])
     before = pg._get_sequence_number_for_group()
     for _ in range(3):
         dist.all_reduce(torch.ones(2))

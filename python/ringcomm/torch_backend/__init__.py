@@ -4,12 +4,14 @@
     torch.distributed.init_process_group("ringcomm")        # under torchrun
 
 Then DDP, FSDP2, new_group, DeviceMesh, functional collectives and
-torch.distributed.pipelining run on ringcomm for CPU tensors. The backend
-is a torch.distributed.ProcessGroup written in Python over the native
-communicator, so one ringcomm build serves every torch version that has
-Python process groups (no libtorch linking). torch uses such a process
-group for the whole group, so "cpu:ringcomm,cuda:nccl" is not possible:
-ringcomm is the only backend of the groups it serves.
+torch.distributed.pipelining run on ringcomm, for CPU tensors and for CUDA
+tensors (ringcomm's GPU path, with the stream semantics of torch's NCCL
+backend). The backend is a torch.distributed.ProcessGroup written in Python
+over the native communicator, so one ringcomm build serves every torch
+version that has Python process groups (no libtorch linking). torch uses such
+a process group for the whole group, so "cpu:ringcomm,cuda:nccl" is not
+possible: ringcomm is the only backend of the groups it serves, and answers
+the per-device lookups torch makes itself (docs/torch_backend.md).
 """
 import torch.distributed as dist
 
@@ -35,8 +37,8 @@ def _create_process_group(dist_backend_opts, backend_options):
 
 
 def register():
-    """Registers "ringcomm" with torch.distributed for CPU tensors (idempotent)."""
-    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=["cpu"])
+    """Registers "ringcomm" with torch.distributed for CPU and CUDA tensors (idempotent)."""
+    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=["cpu", "cuda"])
 
 
 def _autoload():

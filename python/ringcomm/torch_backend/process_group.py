@@ -16,15 +16,20 @@ import torch
 import torch.distributed as dist
 from torch._C._profiler import _RecordFunctionFast
 
+from ringcomm import build_info as _build_info
 from ringcomm import validate
 
 from ringcomm.communicator import Communicator
 from ringcomm.config import make_config
 from ringcomm.reduce_op import ReduceOp
 from ringcomm.torch_backend.tensors import Staging, as_movable, as_reducible, flat, reduce_op
-from ringcomm.torch_backend.work import Completer, RingcommWork
+from ringcomm.torch_backend.work import Completer, RingcommWork, StreamEvent
 
 BACKEND_NAME = "ringcomm"
+
+
+# The devices the group serves: CUDA where this build has the GPU path.
+_DEVICE_TYPES = [torch.device("cpu")] + ([torch.device("cuda")] if _build_info().get("cuda") else [])
 
 
 def _profiler_enabled():
@@ -40,6 +45,11 @@ def _tensors_of(inputs):
         elif isinstance(x, (list, tuple)):
             out.extend(t for t in x if isinstance(t, torch.Tensor))
     return out
+
+
+# Reduced as they are (bool and complex go through as_reducible's mapping).
+_FAST_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                          torch.int8, torch.uint8, torch.int32, torch.int64))
 
 
 def _is_async(opts):
@@ -135,7 +145,23 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if _profiler_enabled():
             record = _RecordFunctionFast(f"{self._profiling_name}:{title}", _tensors_of(inputs))
             record.__enter__()
-        if record is None and not async_op and len(calls) == 1:
+        if staging.on_gpu and (not async_op or not staging.empty):
+            # CUDA, blocking or with copies back: every call ordered on the
+            # current stream (the ringcomm GPU path's blocking form: the host
+            # does not wait), then the copies, then an event that the Work
+            # waits on. torch's blocking NCCL calls have this semantics.
+            try:
+                for c in calls:
+                    c(False)
+                staging.finish()
+            except BaseException:
+                if record is not None:
+                    record.__exit__(None, None, None)
+                raise
+            work = RingcommWork([StreamEvent(staging.device)], result, None, self._completer)
+            if record is not None:
+                work.profile(record)
+        elif record is None and not async_op and len(calls) == 1:
             calls[0](False)
             staging.finish()
             work = RingcommWork((), result, None, self._completer)
@@ -161,7 +187,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if len(outputs) != n:
             raise ValueError(f"ringcomm {what}: expected {n} output tensors (one per rank), got {len(outputs)}")
         k = inp.numel()
-        buf = torch.empty(n * k, dtype=inp.dtype)
+        buf = staging.empty_like_flat(n * k, inp.dtype)
         for r, o in enumerate(outputs):
             _same_dtype(what, inp.dtype, o)
             if o.numel() != k:
@@ -179,13 +205,21 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             if t.numel() != count:
                 raise ValueError(f"ringcomm {what}: input tensor {r} has {t.numel()} elements, "
                                  f"expected {count}")
-        return torch.cat([flat(staging.dense(t)) for t in inputs]) if inputs else torch.empty(0, dtype=dtype)
+        return torch.cat([flat(staging.dense(t)) for t in inputs]) if inputs else staging.empty_like_flat(0, dtype)
 
     # -- reductions -----------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = _op_of(opts)
-        staging, calls = Staging(), []
         tensors = _as_list(tensors)
+        if len(tensors) == 1 and not _is_async(opts) and not _profiler_enabled():
+            # The common blocking call on one dense tensor, without the general path's staging.
+            t = tensors[0]
+            if (type(t) is torch.Tensor and t.layout == torch.strided and t.device.type == "cpu"
+                    and t.dtype in _FAST_DTYPES and t.is_contiguous()):
+                self._seq += 1
+                self._comm.all_reduce(t.view(-1), op)
+                return RingcommWork((), tensors, None, self._completer)
+        staging, calls = Staging(), []
         if any(t.layout == torch.sparse_coo for t in tensors if isinstance(t, torch.Tensor)):
             return self._sparse_allreduce(tensors, op)
         for t in tensors:
@@ -545,7 +579,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     # group is its own backend for the devices it serves.
     @property
     def _device_types(self):
-        return [torch.device("cpu")]
+        return _DEVICE_TYPES
 
     def _get_backend(self, device):
         device = torch.device(device)

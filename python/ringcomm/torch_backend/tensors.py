@@ -55,17 +55,24 @@ class Staging:
 
     Every tensor handed to the core goes through `dense()` (inputs) or
     `output()` (tensors the op writes); `finish()` copies the results into
-    non-contiguous originals.
+    non-contiguous originals. All tensors of one call must be on one device
+    (`device`: "cpu" or a CUDA device). For CUDA tensors the copies are
+    ordered on the current stream, like the op itself.
     """
 
-    __slots__ = ("_back",)
+    __slots__ = ("_back", "device")
 
     def __init__(self):
         self._back = []
+        self.device = None
 
     def dense(self, t):
         """A contiguous tensor holding t's values (t itself when it is contiguous)."""
-        _check_cpu(t)
+        _check_device(t)
+        if self.device is None:
+            self.device = t.device
+        elif t.device != self.device:
+            raise ValueError(f"ringcomm: one call's tensors must be on one device, got {self.device} and {t.device}")
         t = t.detach()
         return t if t.is_contiguous() else t.contiguous()
 
@@ -89,16 +96,24 @@ class Staging:
     def empty(self):
         return not self._back
 
+    @property
+    def on_gpu(self):
+        return self.device is not None and self.device.type == "cuda"
 
-def _check_cpu(t):
+    def empty_like_flat(self, n, dtype):
+        """A new 1-D tensor of n elements on the call's device."""
+        return torch.empty(n, dtype=dtype, device=self.device or "cpu")
+
+
+def _check_device(t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"ringcomm: expected a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
         raise ValueError(f"ringcomm: a {t.layout} tensor was given; of the sparse layouts the ringcomm "
                          "backend takes sparse COO tensors in all_reduce (SUM) only, as gloo does")
-    if t.device.type != "cpu":
-        raise ValueError(f"ringcomm: tensor is on {t.device}; the ringcomm torch backend is "
-                         "registered for CPU tensors only (use device_id / 'cuda:nccl' for GPUs)")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"ringcomm: tensor is on {t.device}; the ringcomm torch backend serves CPU "
+                         "and CUDA tensors")
 
 
 def flat(t):

@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ringcomm.errors import RingcommError
+from ringcomm.errors import RingcommError, TimeoutError  # noqa: A004
 
 
 def _seconds(timeout):
@@ -129,6 +129,8 @@ class RingcommWork(dist._Work):
                 except RingcommError:
                     if not w.is_completed():
                         raise  # this wait expired; the operation is still running
+            if not self._native_done():
+                return True  # CUDA: the current stream now waits for the op; the host does not
             self._settle()
         if self._record_ended is not None:
             self._record_ended.wait()
@@ -171,6 +173,39 @@ class RingcommWork(dist._Work):
     def source_rank(self):
         raise RuntimeError("ringcomm: source_rank() is only defined for recv from any source, "
                            "which the ringcomm backend does not offer")
+
+
+class StreamEvent:
+    """A CUDA event recorded on the current stream after a call's work there:
+    the ringcomm Work interface (wait / is_completed / exception) over it, for
+    calls ordered on the current stream (blocking CUDA calls, and calls whose
+    results are copied back)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self, device):
+        self._event = torch.cuda.Event()
+        self._event.record(torch.cuda.current_stream(device))
+
+    def wait(self, timeout=None):
+        """Without timeout: the current stream waits (the host does not). With
+        one: the host waits that long, raising TimeoutError, then the stream waits."""
+        t = _seconds(timeout)
+        if t is not None:
+            deadline = time.monotonic() + t
+            while not self._event.query():
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"ringcomm: a CUDA call did not complete within {t} s "
+                                       "(it is still running)")
+                time.sleep(0.0005)
+        torch.cuda.current_stream().wait_event(self._event)
+        return True
+
+    def is_completed(self):
+        return self._event.query()
+
+    def exception(self):
+        return None
 
 
 class Completer:
