@@ -28,6 +28,10 @@ class GlooStandIn(ProcessGroupRingcomm):
         self.options = types.SimpleNamespace(global_ranks_in_group=None, group_name=None, _timeout=timeout)
         self._profiling_name = "gloo"  # the name torch knows the group by, as its profiler events say
 
+    def getBackendName(self):
+        # What pg.name() and DDP's logging report: the name the group stands in for.
+        return "gloo"
+
 
 def install_as_gloo():
     """Routes torch's "gloo" backend to ringcomm in this process (idempotent)."""
