@@ -1,0 +1,52 @@
+// The cuda_ipc transport's kernels (ipc_kernels.cu): flag waits whose spin is
+// bounded by a deadline and by the abort word, copies between IPC-mapped
+// buffers, flag posts. Plain C++ on the outside.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ringcomm::cuda {
+
+constexpr int kIpcMaxRanks = 16;
+
+// One transfer (transport/cuda_ipc/ipc_memory.h IpcTransfer) as the kernel
+// reads it; `next` links the transfers of one chain (same post flag: they
+// must post in order), -1 ends it.
+struct IpcKernelTransfer {
+  const uint64_t* wait;
+  uint64_t at_least;
+  char* dst;
+  const char* src;
+  uint64_t nbytes;
+  uint64_t* post;
+  uint64_t value;
+  int32_t peer;
+  int32_t next;
+};
+
+// What bounds every wait of a launch.
+struct IpcKernelBounds {
+  const uint64_t* abort_word;             // this rank's (any rank that fails sets it)
+  uint64_t* targets[kIpcMaxRanks];        // every rank's abort word, set when a wait fails
+  int ntargets;
+  int rank;
+  uint64_t timeout_ns;                    // from the kernel's start (%globaltimer)
+  unsigned long long* status;             // mapped host memory: the failure's word, for the host
+};
+
+// Runs the chains starting at heads[0..nchains) (device memory, as `ts`), one
+// block each, all blocks resident at once.
+void ipc_transfers(const IpcKernelTransfer* ts, const int32_t* heads, int nchains, const IpcKernelBounds& b,
+                   cudaStream_t stream);
+// Waits until every flags[i] >= at_least[i] (n <= kIpcMaxRanks * 4).
+void ipc_wait_all(const uint64_t* const* flags, const uint64_t* at_least, const int32_t* peers, int n,
+                  const IpcKernelBounds& b, cudaStream_t stream);
+// *flags[i] = values[i] after everything before it on the stream (system fence).
+void ipc_post_all(uint64_t* const* flags, const uint64_t* values, int n, cudaStream_t stream);
+// *words[i] = value where it is 0 (compare-and-swap), on `stream`.
+void ipc_set_words(uint64_t* const* words, int n, uint64_t value, cudaStream_t stream);
+
+}  // namespace ringcomm::cuda
