@@ -27,7 +27,7 @@ _CENSUS_SCHEMA = {
     "slot_bytes": validate.integer(64, 1 << 30),
     "nslots": validate.integer(3, 4096),
     "ranks": validate.optional(validate.list_of(validate.integer(0, 2**31 - 1), 1 << 24)),
-    "transport": validate.one_of("auto", "shm", "tcp"),
+    "transport": validate.one_of("auto", "shm", "tcp", "cuda_ipc"),
     "check_agreement": validate.boolean(),
     "cost_model": validate.one_of("measure", "default", "file"),
     "cost_model_error": validate.optional(validate.text(1000)),

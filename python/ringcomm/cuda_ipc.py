@@ -1,4 +1,4 @@
-"""The cuda_ipc transport's setup, shared by the GPU path (ringcomm/cuda.py) and the
+"""The cuda_ipc transport's setup and selection, shared by the GPU path (ringcomm/cuda.py) and the
 CPU stand-in the tests drive (tests/ipc_standin.py): the settings every rank must
 agree on, and the exchange of buffer handles through the store.
 
@@ -39,6 +39,39 @@ _HANDLE_SCHEMA = {"handle": validate.text(1024)}
 ALL_REDUCE_ALGOS = ("auto", "oneshot", "twoshot", "ring")
 
 
+def pick_gpu_transport(configured, infos):
+    """The transport of a communicator's GPU calls on one device, from every rank's
+    {"host", "gpu"} (gpu: the PCI bus id of the rank's device) and the configured
+    transport (RINGCOMM_TRANSPORT / init(transport=)):
+
+    - "cuda_ipc": cuda_ipc, which reaches the ranks of one host only;
+    - otherwise: NCCL, unless two ranks share a GPU (NCCL refuses them: "Duplicate
+      GPU detected"), which cuda_ipc serves when every rank is on one host.
+
+    Raises RingcommError when no transport can serve the ranks."""
+    hosts = {i["host"] for i in infos}
+    seen, shared = {}, []
+    for r, i in enumerate(infos):
+        key = (i["host"], i["gpu"])
+        if key in seen:
+            shared.append((seen[key], r))
+        else:
+            seen[key] = r
+    if configured == "cuda_ipc":
+        if len(hosts) > 1:
+            raise RingcommError("ringcomm: transport cuda_ipc reaches the ranks of one host, but this communicator "
+                                f"spans {len(hosts)} hosts; use the default transport (NCCL) across hosts")
+        return "cuda_ipc"
+    if not shared:
+        return "nccl"
+    if len(hosts) > 1:
+        a, b = shared[0]
+        raise RingcommError(f"ringcomm: ranks {a} and {b} share one GPU, which NCCL refuses, and cuda_ipc (which "
+                            f"serves ranks sharing a GPU) reaches one host only, but this communicator spans "
+                            f"{len(hosts)} hosts: give every rank its own GPU")
+    return "cuda_ipc"
+
+
 def settings(overrides=None):
     """This rank's settings: DEFAULTS, then the environment, then `overrides`.
     Raises ValueError naming a bad variable."""
@@ -69,7 +102,8 @@ def agree(store, key, rank, timeout_s, mine):
         store.set(key, json.dumps(mine))
     bootstrap.wait_keys(store, [key], timeout_s, "waiting for rank 0's cuda_ipc settings", rank)
     shared = json.loads(bootstrap._text(store.get(key)))
-    if sorted(shared) != sorted(DEFAULTS) or not all(isinstance(v, int) for v in shared.values()):
+    if (not isinstance(shared, dict) or not all(isinstance(shared.get(k), int) for k in DEFAULTS)
+            or shared.get("algo", "auto") not in ALL_REDUCE_ALGOS):
         raise RingcommError(f"ringcomm: rank 0's cuda_ipc settings under {key!r} are not what this rank "
                             f"expects (got {sorted(shared)}); do all ranks run the same ringcomm version?")
     return shared
