@@ -64,7 +64,7 @@ def _matrix(comm, want_transport):
     # The first GPU call creates the native communicator and picks the transport.
     x = torch.ones(8, device="cuda")
     comm.all_reduce(x)
-    got = comm._gpu().transport(0)
+    got = comm.gpu_transport(0)
     if got != want_transport:
         return [f"GPU calls run over {got}, expected {want_transport}"]
     for prim in checks.PRIMITIVES:

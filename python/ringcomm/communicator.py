@@ -374,6 +374,12 @@ class Communicator:
                 pass
         return self._gpu().recv(tensor, src, async_op, stream, None)
 
+    def gpu_transport(self, device):
+        """What this communicator's calls on CUDA device `device` run over: "nccl" or
+        "cuda_ipc" (ringcomm/cuda_ipc.py pick_gpu_transport: ranks sharing a GPU, or
+        transport="cuda_ipc"); None before its first call on that device."""
+        return None if self._gpu_path is None else self._gpu_path.transport(device)
+
     def _gpu(self):
         g = self._gpu_path
         if g is None:
