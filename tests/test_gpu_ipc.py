@@ -19,7 +19,9 @@ from gpu_marks import gpu_marks  # noqa: E402
 
 pytestmark = gpu_marks(torch)
 
-COUNTS = (0, 1, 7, 1000, 70001)
+# Ranks sharing a GPU are time-sliced by the driver (every hand-off between ranks may
+# wait for a time slice), so worlds 3 and 4 check fewer sizes.
+COUNTS = {2: (0, 1, 7, 1000, 70001), 3: (7, 4099), 4: (0, 7, 4099)}
 ENV = {"RINGCOMM_IPC_STAGE_BYTES": 1 << 20, "RINGCOMM_IPC_ONESHOT_MAX_BYTES": 4096,
        "RINGCOMM_IPC_TWOSHOT_MAX_BYTES": 1 << 20, "RINGCOMM_GPU_CHUNK_BYTES": 65536}
 
@@ -70,7 +72,7 @@ def _matrix(comm, want_transport):
     for prim in checks.PRIMITIVES:
         for dtype in checks.DTYPES:
             for op in (checks.ops_for(dtype) if prim in checks.REDUCING else (None,)):
-                for n in COUNTS:
+                for n in COUNTS[ws]:
                     if n > 10000 and dtype not in ("float32", "int64", "bfloat16"):
                         continue
                     i += 1
