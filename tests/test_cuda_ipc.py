@@ -310,3 +310,72 @@ def test_ranks_with_other_geometries_are_refused():
     # The rank that looked first names the mismatch; the other may find the buffer
     # already released by then.
     assert any("another geometry" in out and "same settings" in out for out in results), results
+
+
+def _mismatch(_comm, case):
+    """Ranks that call different sizes: the receiving side finds the peer's stamp
+    (the size it wrote beside its data) different and every rank raises."""
+    import ringcomm
+
+    comm = IpcStandIn(prefix=f"mm-{case}", timeout_s=TIMEOUT_S, **SMALL)
+    r = comm.rank
+    t = time.monotonic()
+    out = {}
+    try:
+        if case == "send_recv":
+            if r == 0:
+                comm.send(np.ones(100, np.int32), 1)
+            else:
+                comm.recv(np.ones(50, np.int32), 0)
+        elif case in ("oneshot", "twoshot", "ring"):
+            comm.all_reduce(np.ones(100 * (r + 1), np.float32), algo=case)
+        comm.all_reduce(np.ones(10, np.float32))  # the sender of send_recv learns it here
+        out["error"] = None
+    except ringcomm.RingcommError as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["s"] = time.monotonic() - t
+    comm.close()
+    return out
+
+
+@pytest.mark.parametrize("case", ["send_recv", "oneshot", "twoshot", "ring"])
+def test_ranks_calling_different_sizes_get_a_mismatch_error(case):
+    results = harness.run_ranks(_mismatch, 2, (case,), init=False, hard_timeout=60)
+    for r, out in enumerate(results):
+        assert out["error"] is not None, f"rank {r}: no error"
+        assert "another size than it expected" in out["error"], f"rank {r}: {out['error']}"
+        assert out["s"] < TIMEOUT_S / 2, f"rank {r} raised after {out['s']:.1f} s, not at once"
+    assert any(o["error"].startswith("CollectiveMismatchError") for o in results), results
+
+
+def _timeout(_comm):
+    import ringcomm
+
+    comm = IpcStandIn(timeout_s=1.0, **SMALL)
+    ctx = harness.context()
+    out = {}
+    if comm.rank == 0:
+        t = time.monotonic()
+        try:
+            comm.all_reduce(np.ones(10, np.float32))
+        except ringcomm.RingcommError as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+        out["s"] = time.monotonic() - t
+        ctx.store.set("timed_out", "1")
+    else:
+        ctx.store.wait(["timed_out"])
+        try:
+            comm.all_reduce(np.ones(10, np.float32))
+        except ringcomm.RingcommError as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+    comm.close()
+    return out
+
+
+def test_a_peer_that_never_calls_times_out_naming_op_call_rank_and_peer():
+    r0, r1 = harness.run_ranks(_timeout, 2, init=False, hard_timeout=60)
+    assert r0["error"].startswith("TimeoutError"), r0
+    assert "all_reduce (call 1) on rank 0" in r0["error"] and "waiting for rank 1" in r0["error"], r0
+    assert 0.9 < r0["s"] < 5, r0
+    # Rank 1's call fails at once, saying that rank 0 timed out.
+    assert "rank 0 timed out" in r1.get("error", ""), r1

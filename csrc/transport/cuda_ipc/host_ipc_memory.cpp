@@ -43,6 +43,10 @@ uint64_t load(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); 
 class Backoff {
  public:
   explicit Backoff(const IpcBounds& b) : b_(b), start_(std::chrono::steady_clock::now()), last_check_(start_) {}
+  // After a wait was reached: its check (the peer's stamp) must hold.
+  void check(const IpcWait& w) {
+    if (w.check && load(w.check) != w.check_value) fail(IpcAbortKind::kMismatch, w.peer);
+  }
   // Called when nothing progressed; `peer`: one rank being waited for.
   // Throws IpcWaitFailed after setting every rank's abort word.
   void pause(int peer) {
@@ -180,7 +184,9 @@ void HostIpcMemory::transfers(const std::vector<IpcTransfer>& ts, const IpcBound
         if (waiting_for < 0) waiting_for = t.wait.peer;
         continue;
       }
+      backoff.check(t.wait);
       if (t.nbytes) std::memcpy(t.dst, t.src, t.nbytes);
+      if (t.stamp) __atomic_store_n(t.stamp, t.stamp_value, __ATOMIC_RELAXED);
       if (t.post.flag) __atomic_store_n(t.post.flag, t.post.value, __ATOMIC_RELEASE);
       done[i] = 1;
       --left;
@@ -194,6 +200,7 @@ void HostIpcMemory::wait_all(const std::vector<IpcWait>& ws, const IpcBounds& b)
   Backoff backoff(b);
   for (const IpcWait& w : ws) {
     while (load(w.flag) < w.at_least) backoff.pause(w.peer);
+    backoff.check(w);
   }
 }
 

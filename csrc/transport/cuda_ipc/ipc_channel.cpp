@@ -26,6 +26,11 @@ void shard(size_t count, int n, int i, size_t* offset, size_t* len) {
 
 size_t flags_bytes(int world) { return round_up(kNumFlagKinds * world * kFlagStride, kPageBytes); }
 
+// A slot: a 64-byte stamp (the bytes left in the message from this chunk on,
+// checked by the receiver), then the data.
+constexpr size_t kStampBytes = 64;
+size_t slot_stride(size_t slot_bytes) { return kStampBytes + slot_bytes; }
+
 }  // namespace
 
 struct IpcChannel::Header {
@@ -37,6 +42,7 @@ struct IpcChannel::Header {
   uint64_t stage_bytes;
   int64_t pid;
   alignas(64) uint64_t abort;
+  alignas(64) uint64_t staged_bytes;  // the size of the owner's staged input (checked by the readers)
   alignas(64) char reason[512];
 };
 
@@ -47,7 +53,7 @@ IpcChannel::Header* IpcChannel::header(int r) const {
 }
 
 size_t IpcChannel::buffer_bytes(int world, const IpcGeometry& g) {
-  return kPageBytes + flags_bytes(world) + round_up(world * g.nslots * g.slot_bytes, kPageBytes) +
+  return kPageBytes + flags_bytes(world) + round_up(world * g.nslots * slot_stride(g.slot_bytes), kPageBytes) +
          2 * round_up(g.stage_bytes, kPageBytes);
 }
 
@@ -123,12 +129,16 @@ uint64_t* IpcChannel::flag(int owner, int kind, int writer) const {
 char* IpcChannel::slot(int owner, int from, uint64_t k) const {
   const uint64_t i = (k - 1) % static_cast<uint64_t>(geo_.nslots);
   return base_[owner] + kPageBytes + flags_bytes(world_) +
-         (static_cast<size_t>(from) * geo_.nslots + i) * geo_.slot_bytes;
+         (static_cast<size_t>(from) * geo_.nslots + i) * slot_stride(geo_.slot_bytes) + kStampBytes;
+}
+
+uint64_t* IpcChannel::stamp(int owner, int from, uint64_t k) const {
+  return reinterpret_cast<uint64_t*>(slot(owner, from, k) - kStampBytes);
 }
 
 char* IpcChannel::stage(int owner) const {
   return base_[owner] + kPageBytes + flags_bytes(world_) +
-         round_up(world_ * geo_.nslots * geo_.slot_bytes, kPageBytes);
+         round_up(world_ * geo_.nslots * slot_stride(geo_.slot_bytes), kPageBytes);
 }
 
 char* IpcChannel::result(int owner) const { return stage(owner) + round_up(geo_.stage_bytes, kPageBytes); }
@@ -165,6 +175,7 @@ void IpcChannel::guarded(F&& f) {
                             std::to_string(rank_) + " over cuda_ipc failed: " + describe(e.word);
     if (ipc_abort_kind(e.word) == IpcAbortKind::kTimeout) throw TimeoutError(msg);
     if (ipc_abort_kind(e.word) == IpcAbortKind::kPeerDied) throw PeerLostError(msg);
+    if (ipc_abort_kind(e.word) == IpcAbortKind::kMismatch) throw MismatchError(msg);
     throw Error(msg);
   }
 }
@@ -188,9 +199,11 @@ void IpcChannel::group(const std::vector<IpcP2p>& ops) {
           t.dst = slot(p.peer, rank_, k);
           t.src = p.ptr + off;
           t.post = {flag(p.peer, kReady, rank_), k};
+          t.stamp = stamp(p.peer, rank_, k);
+          t.stamp_value = p.nbytes - off;
         } else {
           const uint64_t k = ++received_[p.peer];
-          t.wait = {flag(rank_, kReady, p.peer), k, p.peer};
+          t.wait = {flag(rank_, kReady, p.peer), k, p.peer, stamp(rank_, p.peer, k), p.nbytes - off};
           t.dst = p.ptr + off;
           t.src = slot(rank_, p.peer, k);
           t.post = {flag(p.peer, kFreed, rank_), k};
@@ -213,12 +226,13 @@ void IpcChannel::stage_input(const char* in, size_t nbytes) {
   const IpcBounds b = bounds();
   if (!free_stage.empty()) mem_->wait_all(free_stage, b);
   if (nbytes) mem_->copy(stage(rank_), in, nbytes);
-  std::vector<IpcPost> posts;
+  // The size first, then the flags (post_all posts in order).
+  std::vector<IpcPost> posts{{&header(rank_)->staged_bytes, nbytes}};
   for (int r = 0; r < world_; ++r) posts.push_back({flag(r, kStaged, rank_), c});
   mem_->post_all(posts);
   std::vector<IpcWait> staged;
   for (int s = 0; s < world_; ++s) {
-    if (s != rank_) staged.push_back({flag(rank_, kStaged, s), c, s});
+    if (s != rank_) staged.push_back({flag(rank_, kStaged, s), c, s, &header(s)->staged_bytes, nbytes});
   }
   if (!staged.empty()) mem_->wait_all(staged, b);
 }
@@ -302,6 +316,10 @@ std::string IpcChannel::describe(uint64_t word) {
     case IpcAbortKind::kTimeout:
       text = "rank " + std::to_string(who) + " timed out after " + std::to_string(timeout_s_) +
              " s waiting for rank " + std::to_string(peer);
+      break;
+    case IpcAbortKind::kMismatch:
+      text = "rank " + std::to_string(who) + " received from rank " + std::to_string(peer) +
+             " data of another size than it expected: the ranks called different collectives, sizes or peers";
       break;
     case IpcAbortKind::kPeerDied:
       text = "rank " + std::to_string(who) + " found rank " + std::to_string(peer) + " dead (its process is gone)";

@@ -9,8 +9,9 @@
 // through the store, and maps every peer's buffer once; nothing is allocated
 // or registered per call, which is also what CUDA graphs would need):
 //
-//   header    one page: magic, geometry, owner pid, the abort word, the
-//             abort reason (text written by the rank that failed)
+//   header    one page: magic, geometry, owner pid, the abort word, the size
+//             of the staged input, the abort reason (text written by the
+//             rank that failed)
 //   flags     5 x world 64-bit counters, one per 64-byte line, indexed by
 //             the rank that writes them:
 //               ready[s]    chunks s has put into this rank's inbox from s
@@ -20,8 +21,9 @@
 //               reduced[s]  the two-shot call whose shard s has reduced
 //               done[s]     the collective call s has finished reading in
 //                           every buffer
-//   inbox     world x nslots slots of slot_bytes: slot i of row s holds
-//             chunk k of s's messages to this rank, i = (k - 1) mod nslots
+//   inbox     world x nslots slots: a 64-byte stamp, then slot_bytes of
+//             data; slot i of row s holds chunk k of s's messages to this
+//             rank, i = (k - 1) mod nslots
 //   stage     stage_bytes: this rank's input of a one-/two-shot all-reduce
 //   result    stage_bytes: the shards this rank reduced (two-shot)
 //
@@ -34,16 +36,20 @@
 // from 1; both sides count the same way because transfers between a pair
 // match in the order they were posted, as in NCCL):
 //   s: wait freed[d] >= k - nslots (own buffer), copy into d's inbox slot,
-//      post ready[s] = k in d's buffer;
-//   d: wait ready[s] >= k (own buffer), copy the slot out, post freed[d] = k
-//      in s's buffer.
+//      stamp it with the bytes left in the message from this chunk on, post
+//      ready[s] = k in d's buffer;
+//   d: wait ready[s] >= k (own buffer), check the stamp against the bytes it
+//      expects (ranks that called different sizes or collectives fail with a
+//      mismatch instead of taking wrong data), copy the slot out, post
+//      freed[d] = k in s's buffer.
 // The transfers of one group progress together, so a group may hold up to
 // nslots chunks to each peer beside its receives without deadlock.
 //
 // One-shot all-reduce (call c counts the one-/two-shot calls, from 1):
 //   wait done[d] >= c - 1 for all d (peers finished reading this rank's stage
-//   of the last call); copy the input into the stage; post staged[me] = c in
-//   every buffer; wait staged[s] >= c for all s; reduce the n stages in rank
+//   of the last call); copy the input into the stage; write its size into
+//   this rank's header, then post staged[me] = c in every buffer; wait
+//   staged[s] >= c for all s and check each s's size against this rank's; reduce the n stages in rank
 //   order 0, 1, ..., n - 1 into the output ((x0 op x1) op x2 ...: the same
 //   bits on every rank); post done[me] = c everywhere.
 // Two-shot (reduce-scatter, then all-gather, through the same buffers):
@@ -53,8 +59,8 @@
 //   done[me] = c everywhere. Shards are the block partition of the ring
 //   (algo/blocks.h): one-shot and two-shot give the same bits.
 //
-// Errors: a wait past the deadline, or one that finds its abort word set,
-// fails. The failing rank writes an abort word (kind, its rank, the peer it
+// Errors: a wait past the deadline, one that finds its abort word set, or a
+// stamp that does not match, fails. The failing rank writes an abort word (kind, its rank, the peer it
 // waited for) into every rank's header, so every other rank's next (or
 // current) wait fails at once instead of at its own deadline: a dead peer
 // (kill -9) makes the first waiter time out and all others follow within the
@@ -138,6 +144,7 @@ class IpcChannel {
   Header* header(int r) const;
   uint64_t* flag(int owner, int kind, int writer) const;
   char* slot(int owner, int from, uint64_t k) const;
+  uint64_t* stamp(int owner, int from, uint64_t k) const;
   char* stage(int owner) const;
   char* result(int owner) const;
   IpcBounds bounds() const;

@@ -27,6 +27,11 @@ struct IpcWait {
   const uint64_t* flag;
   uint64_t at_least;
   int peer;  // the rank that posts it (named by a timeout)
+  // Once the flag is reached, *check must equal check_value (nullptr: no
+  // check): the size the peer stamped beside its data, so that ranks that
+  // called different sizes or collectives fail instead of exchanging wrong data.
+  const uint64_t* check = nullptr;
+  uint64_t check_value = 0;
 };
 
 // "*flag = value" (release: what was written before it is visible first).
@@ -35,19 +40,21 @@ struct IpcPost {
   uint64_t value;
 };
 
-// Wait, copy `nbytes` from src to dst, post. A transfer whose wait has
-// at_least == 0 does not wait.
+// Wait, copy `nbytes` from src to dst, stamp, post. A transfer whose wait
+// has at_least == 0 does not wait; one with no stamp writes none.
 struct IpcTransfer {
   IpcWait wait;
   char* dst;
   const char* src;
   size_t nbytes;
   IpcPost post;
+  uint64_t* stamp = nullptr;  // written after the data, before the post
+  uint64_t stamp_value = 0;
 };
 
 // Abort words: 0 while healthy; otherwise who failed and why, so every rank
 // can name the first failure (ipc_channel.h, "Errors").
-enum class IpcAbortKind : uint8_t { kNone = 0, kTimeout = 1, kError = 2, kPeerDied = 3 };
+enum class IpcAbortKind : uint8_t { kNone = 0, kTimeout = 1, kError = 2, kPeerDied = 3, kMismatch = 4 };
 inline uint64_t ipc_abort_word(IpcAbortKind kind, int rank, int peer) {
   return static_cast<uint64_t>(kind) | (static_cast<uint64_t>(rank + 1) & 0xffffff) << 8 |
          static_cast<uint64_t>(peer + 1) << 32;

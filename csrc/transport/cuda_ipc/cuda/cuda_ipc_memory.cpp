@@ -177,7 +177,8 @@ void CudaIpcMemory::transfers(const std::vector<IpcTransfer>& ts, const IpcBound
   std::map<const uint64_t*, int32_t> tail_of;  // post flag -> last transfer of its chain
   for (size_t i = 0; i < ts.size(); ++i) {
     const IpcTransfer& t = ts[i];
-    k[i] = {t.wait.flag, t.wait.at_least, t.dst, t.src, t.nbytes, t.post.flag, t.post.value, t.wait.peer, -1};
+    k[i] = {t.wait.flag, t.wait.at_least, t.dst,        t.src,         t.nbytes,    t.post.flag, t.post.value,
+            t.wait.check, t.wait.check_value, t.stamp, t.stamp_value, t.wait.peer, -1};
     auto it = t.post.flag ? tail_of.find(t.post.flag) : tail_of.end();
     if (it != tail_of.end()) {
       k[it->second].next = static_cast<int32_t>(i);
@@ -208,17 +209,19 @@ void CudaIpcMemory::transfers(const std::vector<IpcTransfer>& ts, const IpcBound
 }
 
 void CudaIpcMemory::wait_all(const std::vector<IpcWait>& ws, const IpcBounds& b) {
-  std::vector<const uint64_t*> flags;
-  std::vector<uint64_t> at_least;
+  std::vector<const uint64_t*> flags, checks;
+  std::vector<uint64_t> at_least, check_values;
   std::vector<int32_t> peers;
   for (const IpcWait& w : ws) {
     flags.push_back(w.flag);
     at_least.push_back(w.at_least);
+    checks.push_back(w.check);
+    check_values.push_back(w.check_value);
     peers.push_back(w.peer);
   }
   cuda::DeviceGuard g(device_);
-  cuda::ipc_wait_all(flags.data(), at_least.data(), peers.data(), static_cast<int>(ws.size()), kernel_bounds(b),
-                     stream_);
+  cuda::ipc_wait_all(flags.data(), at_least.data(), checks.data(), check_values.data(), peers.data(),
+                     static_cast<int>(ws.size()), kernel_bounds(b), stream_);
 }
 
 void CudaIpcMemory::post_all(const std::vector<IpcPost>& ps) {

@@ -31,6 +31,8 @@ constexpr int kThreads = 512;
 struct PtrArgs {
   const uint64_t* flags[kIpcMaxRanks * 4];
   uint64_t at_least[kIpcMaxRanks * 4];
+  const uint64_t* checks[kIpcMaxRanks * 4];
+  uint64_t check_values[kIpcMaxRanks * 4];
   int32_t peers[kIpcMaxRanks * 4];
 };
 struct PostArgs {
@@ -88,6 +90,13 @@ __device__ bool bounded_wait(const uint64_t* flag, uint64_t at_least, int peer, 
   return true;
 }
 
+// Thread 0 only, after a wait was reached: the peer's stamp must match.
+__device__ bool stamp_ok(const uint64_t* check, uint64_t value, int peer, const IpcKernelBounds& b) {
+  if (!check || load_volatile(check) == value) return true;
+  fail(b, abort_word(4 /* mismatch */, b.rank, peer));
+  return false;
+}
+
 __device__ void block_copy(char* dst, const char* src, uint64_t n) {
   const bool vec = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0;
   uint64_t done = 0;
@@ -106,14 +115,21 @@ __global__ void transfers_kernel(const IpcKernelTransfer* ts, const int32_t* hea
   const uint64_t deadline = global_ns() + b.timeout_ns;
   for (int32_t i = heads[blockIdx.x]; i >= 0; i = ts[i].next) {
     const IpcKernelTransfer t = ts[i];
-    if (threadIdx.x == 0) ok = t.at_least == 0 ? load_volatile(b.abort_word) == 0
-                                               : bounded_wait(t.wait, t.at_least, t.peer, b, deadline);
+    if (threadIdx.x == 0) {
+      ok = (t.at_least == 0 ? load_volatile(b.abort_word) == 0
+                            : bounded_wait(t.wait, t.at_least, t.peer, b, deadline)) &&
+           stamp_ok(t.check, t.check_value, t.peer, b);
+    }
     __syncthreads();
     if (!ok) return;
     block_copy(t.dst, t.src, t.nbytes);
-    __threadfence_system();
+    __threadfence_system();  // every thread's data, before the barrier ...
     __syncthreads();
-    if (threadIdx.x == 0 && t.post) *reinterpret_cast<volatile uint64_t*>(t.post) = t.value;
+    if (threadIdx.x == 0) {
+      if (t.stamp) *reinterpret_cast<volatile uint64_t*>(t.stamp) = t.stamp_value;
+      __threadfence_system();  // ... and the stamp, before the flag
+      if (t.post) *reinterpret_cast<volatile uint64_t*>(t.post) = t.value;
+    }
   }
 }
 
@@ -122,12 +138,15 @@ __global__ void wait_all_kernel(PtrArgs a, int n, IpcKernelBounds b) {
   const uint64_t deadline = global_ns() + b.timeout_ns;
   for (int i = 0; i < n; ++i) {
     if (!bounded_wait(a.flags[i], a.at_least[i], a.peers[i], b, deadline)) return;
+    if (!stamp_ok(a.checks[i], a.check_values[i], a.peers[i], b)) return;
   }
 }
 
 __global__ void post_all_kernel(PostArgs a, int n) {
-  __threadfence_system();
-  if (static_cast<int>(threadIdx.x) < n) *reinterpret_cast<volatile uint64_t*>(a.flags[threadIdx.x]) = a.values[threadIdx.x];
+  for (int i = 0; i < n; ++i) {
+    __threadfence_system();
+    *reinterpret_cast<volatile uint64_t*>(a.flags[i]) = a.values[i];
+  }
 }
 
 __global__ void set_words_kernel(WordArgs a, int n, uint64_t value) {
@@ -152,14 +171,17 @@ void ipc_transfers(const IpcKernelTransfer* ts, const int32_t* heads, int nchain
   check_launch("cuda_ipc transfers kernel");
 }
 
-void ipc_wait_all(const uint64_t* const* flags, const uint64_t* at_least, const int32_t* peers, int n,
-                  const IpcKernelBounds& b, cudaStream_t stream) {
+void ipc_wait_all(const uint64_t* const* flags, const uint64_t* at_least, const uint64_t* const* checks,
+                  const uint64_t* check_values, const int32_t* peers, int n, const IpcKernelBounds& b,
+                  cudaStream_t stream) {
   if (n <= 0) return;
   if (n > kIpcMaxRanks * 4) throw ValueError("cuda_ipc: too many flags for one wait");
   PtrArgs a{};
   for (int i = 0; i < n; ++i) {
     a.flags[i] = flags[i];
     a.at_least[i] = at_least[i];
+    a.checks[i] = checks[i];
+    a.check_values[i] = check_values[i];
     a.peers[i] = peers[i];
   }
   wait_all_kernel<<<1, 32, 0, stream>>>(a, n, b);
@@ -174,7 +196,7 @@ void ipc_post_all(uint64_t* const* flags, const uint64_t* values, int n, cudaStr
     a.flags[i] = flags[i];
     a.values[i] = values[i];
   }
-  post_all_kernel<<<1, kIpcMaxRanks * 4, 0, stream>>>(a, n);
+  post_all_kernel<<<1, 1, 0, stream>>>(a, n);
   check_launch("cuda_ipc post kernel");
 }
 

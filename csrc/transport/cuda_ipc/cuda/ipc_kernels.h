@@ -23,6 +23,10 @@ struct IpcKernelTransfer {
   uint64_t nbytes;
   uint64_t* post;
   uint64_t value;
+  const uint64_t* check;  // after the wait: *check == check_value (nullptr: none)
+  uint64_t check_value;
+  uint64_t* stamp;        // after the copy, before the post (nullptr: none)
+  uint64_t stamp_value;
   int32_t peer;
   int32_t next;
 };
@@ -41,10 +45,13 @@ struct IpcKernelBounds {
 // block each, all blocks resident at once.
 void ipc_transfers(const IpcKernelTransfer* ts, const int32_t* heads, int nchains, const IpcKernelBounds& b,
                    cudaStream_t stream);
-// Waits until every flags[i] >= at_least[i] (n <= kIpcMaxRanks * 4).
-void ipc_wait_all(const uint64_t* const* flags, const uint64_t* at_least, const int32_t* peers, int n,
-                  const IpcKernelBounds& b, cudaStream_t stream);
-// *flags[i] = values[i] after everything before it on the stream (system fence).
+// Waits until every flags[i] >= at_least[i], then checks *checks[i] ==
+// check_values[i] where checks[i] is not null (n <= kIpcMaxRanks * 4).
+void ipc_wait_all(const uint64_t* const* flags, const uint64_t* at_least, const uint64_t* const* checks,
+                  const uint64_t* check_values, const int32_t* peers, int n, const IpcKernelBounds& b,
+                  cudaStream_t stream);
+// *flags[i] = values[i] in order, after everything before it on the stream
+// (system fences between).
 void ipc_post_all(uint64_t* const* flags, const uint64_t* values, int n, cudaStream_t stream);
 // *words[i] = value where it is 0 (compare-and-swap), on `stream`.
 void ipc_set_words(uint64_t* const* words, int n, uint64_t value, cudaStream_t stream);
