@@ -7,9 +7,9 @@
 // (and within the stage): two-shot; else the ring. The thresholds are
 // settings (RINGCOMM_IPC_ONESHOT_MAX_BYTES, RINGCOMM_IPC_TWOSHOT_MAX_BYTES,
 // agreed through the store from rank 0), to be set from the latencies that
-// scripts/gpu_check.sh measures; the defaults follow what vLLM's custom
-// all-reduce found on NVLink (one-shot to some hundreds of KiB, two-shot to a
-// few MiB) and are not measured here.
+// scripts/ipc_bench.py measures (scripts/gpu_check.sh runs it); the defaults
+// (one-shot to 256 KiB, two-shot to 4 MiB) are guesses in the range such
+// custom all-reduces use, not measurements.
 #pragma once
 
 #include <memory>
