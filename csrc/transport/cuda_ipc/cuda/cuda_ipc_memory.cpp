@@ -1,5 +1,6 @@
 #include "transport/cuda_ipc/cuda/cuda_ipc_memory.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -167,9 +168,11 @@ cuda::IpcKernelBounds CudaIpcMemory::kernel_bounds(const IpcBounds& b) const {
 }
 
 // The transfers become chains (those posting one flag, in order) that run
-// as the blocks of one launch; the table goes up with the stream's own copy
-// (pageable source: staged at once, so the vector may go), and the stream
-// orders it after the launch before that read the previous table.
+// as the blocks of one launch. Up to kIpcSmallBatch go as the kernel's
+// parameters; more go up as a table with the stream's own copy (pageable
+// source: staged before the call returns, so the vector may go, though the
+// driver may first wait for the stream), which the stream orders after the
+// launch that read the previous table.
 void CudaIpcMemory::transfers(const std::vector<IpcTransfer>& ts, const IpcBounds& b) {
   if (ts.empty()) return;
   std::vector<cuda::IpcKernelTransfer> k(ts.size());
@@ -188,8 +191,15 @@ void CudaIpcMemory::transfers(const std::vector<IpcTransfer>& ts, const IpcBound
       if (t.post.flag) tail_of[t.post.flag] = static_cast<int32_t>(i);
     }
   }
-  const size_t need = k.size() + (heads.size() * sizeof(int32_t) + sizeof(k[0]) - 1) / sizeof(k[0]);
   cuda::DeviceGuard g(device_);
+  if (k.size() <= static_cast<size_t>(cuda::kIpcSmallBatch)) {
+    cuda::IpcSmallBatch batch{};
+    std::copy(k.begin(), k.end(), batch.t);
+    std::copy(heads.begin(), heads.end(), batch.heads);
+    cuda::ipc_small_transfers(batch, static_cast<int>(heads.size()), kernel_bounds(b), stream_);
+    return;
+  }
+  const size_t need = k.size() + (heads.size() * sizeof(int32_t) + sizeof(k[0]) - 1) / sizeof(k[0]);
   if (need > table_cap_) {
     if (table_) {
       cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (cuda_ipc table)");

@@ -110,10 +110,11 @@ __device__ void block_copy(char* dst, const char* src, uint64_t n) {
   for (uint64_t i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-__global__ void transfers_kernel(const IpcKernelTransfer* ts, const int32_t* heads, IpcKernelBounds b) {
+// One chain, by one block.
+__device__ void run_chain(const IpcKernelTransfer* ts, int32_t head, const IpcKernelBounds& b) {
   __shared__ int ok;
   const uint64_t deadline = global_ns() + b.timeout_ns;
-  for (int32_t i = heads[blockIdx.x]; i >= 0; i = ts[i].next) {
+  for (int32_t i = head; i >= 0; i = ts[i].next) {
     const IpcKernelTransfer t = ts[i];
     if (threadIdx.x == 0) {
       ok = (t.at_least == 0 ? load_volatile(b.abort_word) == 0
@@ -131,6 +132,18 @@ __global__ void transfers_kernel(const IpcKernelTransfer* ts, const int32_t* hea
       if (t.post) *reinterpret_cast<volatile uint64_t*>(t.post) = t.value;
     }
   }
+}
+
+// The table in device memory (groups of more than kIpcSmallBatch transfers).
+__global__ void transfers_kernel(const IpcKernelTransfer* ts, const int32_t* heads, IpcKernelBounds b) {
+  run_chain(ts, heads[blockIdx.x], b);
+}
+
+// The common case: the transfers travel as the kernel's parameters, so
+// queuing a group copies nothing from pageable host memory (which the driver
+// may do synchronously with the stream, blocking the host behind a wait).
+__global__ void small_transfers_kernel(IpcSmallBatch batch, IpcKernelBounds b) {
+  run_chain(batch.t, batch.heads[blockIdx.x], b);
 }
 
 __global__ void wait_all_kernel(PtrArgs a, int n, IpcKernelBounds b) {
@@ -168,6 +181,12 @@ void ipc_transfers(const IpcKernelTransfer* ts, const int32_t* heads, int nchain
                    cudaStream_t stream) {
   if (nchains <= 0) return;
   transfers_kernel<<<nchains, kThreads, 0, stream>>>(ts, heads, b);
+  check_launch("cuda_ipc transfers kernel");
+}
+
+void ipc_small_transfers(const IpcSmallBatch& batch, int nchains, const IpcKernelBounds& b, cudaStream_t stream) {
+  if (nchains <= 0) return;
+  small_transfers_kernel<<<nchains, kThreads, 0, stream>>>(batch, b);
   check_launch("cuda_ipc transfers kernel");
 }
 

@@ -41,6 +41,15 @@ struct IpcKernelBounds {
   unsigned long long* status;             // mapped host memory: the failure's word, for the host
 };
 
+// Up to this many transfers go as kernel parameters (4 KiB at most, with the bounds).
+constexpr int kIpcSmallBatch = 24;
+struct IpcSmallBatch {
+  IpcKernelTransfer t[kIpcSmallBatch];
+  int32_t heads[kIpcSmallBatch];
+};
+static_assert(sizeof(IpcSmallBatch) + sizeof(IpcKernelBounds) <= 4000, "kernel parameters stay under 4 KiB");
+void ipc_small_transfers(const IpcSmallBatch& batch, int nchains, const IpcKernelBounds& b, cudaStream_t stream);
+
 // Runs the chains starting at heads[0..nchains) (device memory, as `ts`), one
 // block each, all blocks resident at once.
 void ipc_transfers(const IpcKernelTransfer* ts, const int32_t* heads, int nchains, const IpcKernelBounds& b,
