@@ -379,3 +379,29 @@ def test_a_peer_that_never_calls_times_out_naming_op_call_rank_and_peer():
     assert 0.9 < r0["s"] < 5, r0
     # Rank 1's call fails at once, saying that rank 0 timed out.
     assert "rank 0 timed out" in r1.get("error", ""), r1
+
+
+def _bad_peer(_comm):
+    """A send to a rank that does not exist is refused before anything is counted:
+    the channel still works afterwards."""
+    comm = IpcStandIn(prefix="badpeer", timeout_s=TIMEOUT_S, **SMALL)
+    out = {}
+    try:
+        comm.sendrecv(np.ones(4, np.int32), 7, np.ones(4, np.int32), (comm.rank + 1) % 2)
+        out["bad"] = "accepted"
+    except ValueError as e:
+        out["bad"] = str(e)
+    x = np.ones(3000, np.float32)
+    comm.all_reduce(x, algo="ring")
+    out["after"] = float(x[0])
+    got = np.zeros(10, np.int32)
+    comm.sendrecv(np.full(10, comm.rank, np.int32), 1 - comm.rank, got, 1 - comm.rank)
+    out["p2p"] = int(got[0])
+    comm.close()
+    return out
+
+
+def test_a_bad_peer_is_refused_and_the_channel_stays_usable():
+    for r, out in enumerate(harness.run_ranks(_bad_peer, 2, init=False, hard_timeout=60)):
+        assert "peer 7 is not another rank" in out["bad"], out
+        assert out["after"] == 2.0 and out["p2p"] == 1 - r, out

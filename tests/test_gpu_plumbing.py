@@ -34,6 +34,7 @@ def test_build_info_says_what_was_compiled():
     if info["cuda"]:
         assert {"cuda_toolkit", "cuda_archs", "nccl_declarations"} <= set(info)
         assert "80" in info["cuda_archs"] and "90" in info["cuda_archs"]
+    assert info["gpu_transports"] == (("nccl", "cuda_ipc") if info["cuda"] else ())
 
 
 @pytest.mark.skipif(not (cuda.compiled() and os.environ.get("NCCL_HOME")),

@@ -182,13 +182,15 @@ void IpcChannel::guarded(F&& f) {
 
 void IpcChannel::group(const std::vector<IpcP2p>& ops) {
   guarded([&] {
-    std::vector<IpcTransfer> ts;
-    ts.reserve(ops.size());
-    for (const IpcP2p& p : ops) {
+    for (const IpcP2p& p : ops) {  // before any chunk is counted
       if (p.peer < 0 || p.peer >= world_ || p.peer == rank_) {
         throw ValueError("cuda_ipc: peer " + std::to_string(p.peer) + " is not another rank of " +
                          std::to_string(world_));
       }
+    }
+    std::vector<IpcTransfer> ts;
+    ts.reserve(ops.size());
+    for (const IpcP2p& p : ops) {
       for (size_t off = 0; off < p.nbytes || (off == 0 && p.nbytes == 0); off += geo_.slot_bytes) {
         const size_t n = std::min(geo_.slot_bytes, p.nbytes - off);
         IpcTransfer t;
