@@ -23,6 +23,13 @@ Errors: an operation the watchdog aborted (or that an NCCL error struck after it
 queued) raises from ``synchronize()`` and ``wait()``, and ``exception()`` returns its
 error, although its event completes (every event does once NCCL is aborted).
 
+Transports: NCCL, or cuda_ipc for the ranks of one host (ringcomm/cuda_ipc.py: picked
+when two ranks share a GPU, which NCCL refuses, or by RINGCOMM_TRANSPORT=cuda_ipc /
+init(transport="cuda_ipc"); the protocol is csrc/transport/cuda_ipc/ipc_channel.h). Over
+cuda_ipc every call runs ringcomm's schedules, all_reduce also one-shot or two-shot by size
+(or ``algo="oneshot" | "twoshot" | "ring"``), and calls cannot be captured into CUDA graphs
+(a clear error).
+
 Algorithms (``algo=`` per call, or RINGCOMM_GPU_ALGO): "nccl" (NCCL's collective),
 "ring" (ringcomm's schedules over NCCL send/recv with ringcomm's CUDA kernels), "auto"
 (nccl where NCCL reduces alike; ring for bool, the bitwise ops and floating-point MIN/MAX,
