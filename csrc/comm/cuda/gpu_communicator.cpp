@@ -125,7 +125,11 @@ IpcAllReduceAlgo GpuCommunicator::ipc_choice(size_t nbytes, IpcAllReduceAlgo alg
 
 std::string GpuCommunicator::async_error() {
   if (faults_.failed()) return faults_.message();
-  if (ipc_) return ipc_->channel().failure();  // a wait kernel's timeout, a peer's abort word
+  if (ipc_) {
+    // What a wait kernel recorded (its timeout, or a peer's abort word it
+    // found) in mapped host memory: free to read, so every call checks it.
+    return ipc_mem_->failure() ? ipc_->channel().failure() : "";
+  }
   // ncclCommGetAsyncError is safe next to a call in flight on another thread;
   // the gate keeps an abort or close() from freeing the handle meanwhile.
   if (!gate_.enter()) return faults_.message();
