@@ -6,7 +6,13 @@
 # streams, graphs, and issue 13's watchdog abort, close with a tensor in flight and
 # capture beside a pending op; test_gpu_plumbing.py) and the checks world size 1
 # otherwise never reaches (tests/test_gpu_checks.py: NCCL self send/recv, the ring
-# family in a graph, counts above 2**31, mixed alignments with NaN), optionally
+# family in a graph, counts above 2**31, mixed alignments with NaN), the cuda_ipc
+# transport with 2, 3 and 4 ranks sharing the one GPU (tests/test_gpu_ipc.py: every
+# primitive x dtype x op against numpy, one-shot / two-shot / ring bit-identical on
+# every rank, graph capture refused, an abort reaching a spinning wait kernel), its
+# figures (scripts/ipc_bench.py: the reduction kernels' throughput against the
+# device-to-device copy of the same run, target 85%; one-shot all_reduce latency
+# 8 B..256 KiB next to NCCL at world size 1 and the ring over cuda_ipc), optionally
 # compute-sanitizer on the kernel test, and end with a short sweep against torch's
 # NCCL backend.
 #
@@ -285,9 +291,27 @@ pytest_step() {
   fi
 }
 SWEEP_NEED=$([ $GPU = 0 ] && echo 0 || { [ $QUICK = 1 ] && echo 40 || echo 100; })
-pytest_step gpu_tests "$([ $QUICK = 1 ] && echo 100 || echo 150)" $((SWEEP_NEED + 60)) \
+IPC_NEED=$([ $GPU = 0 ] && echo 0 || { [ $QUICK = 1 ] && echo 80 || echo 140; })
+pytest_step gpu_tests "$([ $QUICK = 1 ] && echo 100 || echo 150)" $((SWEEP_NEED + IPC_NEED + 60)) \
   tests/test_gpu.py tests/test_gpu_plumbing.py "${DESELECT[@]}"
-pytest_step gpu_checks "$([ $QUICK = 1 ] && echo 100 || echo 150)" "$SWEEP_NEED" tests/test_gpu_checks.py
+pytest_step gpu_checks "$([ $QUICK = 1 ] && echo 100 || echo 150)" $((SWEEP_NEED + IPC_NEED)) tests/test_gpu_checks.py
+
+# ---- cuda_ipc: ranks sharing the one GPU, then its figures ---------------------------
+pytest_step gpu_ipc "$([ $QUICK = 1 ] && echo 60 || echo 100)" $((SWEEP_NEED + IPC_NEED / 3)) tests/test_gpu_ipc.py
+if [ $GPU = 0 ] || [ $BUILT = 0 ]; then
+  note SKIP ipc_bench "no GPU / no build"
+else
+  run_step ipc_bench.txt "$([ $QUICK = 1 ] && echo 50 || echo 80)" "$SWEEP_NEED" \
+    "$V" scripts/ipc_bench.py $([ $QUICK = 1 ] && echo --quick) --json "$W/ipc_bench.json"
+  line=$(grep '^IPC_BENCH: ' "$W/ipc_bench.txt" | tail -1)
+  if [ $RC -eq 0 ] && [ "${line#IPC_BENCH: OK }" != "$line" ]; then
+    note OK ipc_bench "${line#IPC_BENCH: OK }"
+  elif [ -n "$line" ] && [ $RC -ne 124 ]; then
+    note FAIL ipc_bench "${line#IPC_BENCH: FAIL }"
+  else
+    note FAIL ipc_bench "$(why_not ipc_bench.txt)"
+  fi
+fi
 
 # ---- optional: compute-sanitizer on the kernel test ---------------------------------
 if [ $QUICK = 1 ] || [ $SANITIZER = 0 ]; then

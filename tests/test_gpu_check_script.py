@@ -75,11 +75,11 @@ def test_without_a_gpu_it_fails_and_says_so(tmp_path):
     gpu_row = next(l for l in lines if " gpu " in l)
     assert "FAIL" in gpu_row and "NO GPU FOUND:" in gpu_row, gpu_row
     # The GPU tests ran and skipped, and that is a failure, not a pass.
-    for step in ("gpu_tests", "gpu_checks"):
+    for step in ("gpu_tests", "gpu_checks", "gpu_ipc"):
         row = next(l for l in lines if f" {step} " in l)
         assert "FAIL" in row and "skipped" in row, row
     assert "skipped GPU tests count as failures" in summary
-    assert "SKIP  sweep" in summary and "SKIP  build" in summary
+    assert "SKIP  sweep" in summary and "SKIP  build" in summary and "SKIP  ipc_bench" in summary
     assert "libnccl loaded:" in summary
     if ringcomm.cuda.compiled():
         assert "no GPU found (neither ringcomm nor torch sees a CUDA device)" in gpu_row
@@ -89,7 +89,8 @@ def test_without_a_gpu_it_fails_and_says_so(tmp_path):
     assert summary in r.stdout, "the summary is printed at the end"
     files = _archive(out)
     assert files["gpu_check/summary.txt"] == summary
-    for name in ("env.txt", "machine.txt", "gpu_tests.log", "gpu_tests.xml", "gpu_checks.log", "gpu_checks.xml"):
+    for name in ("env.txt", "machine.txt", "gpu_tests.log", "gpu_tests.xml", "gpu_checks.log", "gpu_checks.xml",
+                 "gpu_ipc.log", "gpu_ipc.xml"):
         assert f"gpu_check/{name}" in files, sorted(files)
     assert "GPU_FOUND=0" in files["gpu_check/env.txt"]
     # pytest ran unbuffered and verbose, with the slowest tests listed.
@@ -155,10 +156,14 @@ def test_a_run_killed_from_outside_leaves_an_incomplete_failure(tmp_path):
     assert "GPU_FOUND=0" in files["gpu_check/env.txt"]
 
 
-def test_the_pass_path_with_a_stand_in_gpu(tmp_path):
-    """The only run that passes needs a GPU; here PYTHON is a stand-in that reports
-    one, passes its one test per pytest run and prints a clean sweep table: the
-    script must then say PASS, exit 0, and carry the sweep's figures."""
+IPC_OK = ("IPC_BENCH: OK kernels sum/float32 0.91x of copy (3800 vs 4200 GB/s) (target 0.85x); "
+          "8 B all_reduce: oneshot 9.5 us (ws 2), ring 40.1 us, nccl ws1 7.2 us")
+IPC_SLOW = "IPC_BENCH: FAIL kernels sum/float32 0.70x of copy (2900 vs 4200 GB/s) (target 0.85x)"
+
+
+def _stand_in_gpu(tmp_path, ipc_line, ipc_rc):
+    """A stand-in for PYTHON that reports a GPU, passes its one test per pytest run,
+    prints a clean sweep table and `ipc_line` for scripts/ipc_bench.py."""
     table = tmp_path / "sweep.txt"
     table.write_text(SWEEP.format(wrong="0 OK", failed=""))
     fake = tmp_path / "python"
@@ -173,9 +178,17 @@ def test_the_pass_path_with_a_stand_in_gpu(tmp_path):
           echo "1 passed"; exit 0
         fi
         if [ "$1" = -m ] && [ "$2" = ringcomm.bench.cli ]; then cat {table}; exit 0; fi
+        if [ "$1" = scripts/ipc_bench.py ]; then echo "== figures"; echo "{ipc_line}"; exit {ipc_rc}; fi
         exec {sys.executable} "$@"
     """))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return fake
+
+
+def test_the_pass_path_with_a_stand_in_gpu(tmp_path):
+    """The only run that passes needs a GPU; here PYTHON is a stand-in (_stand_in_gpu):
+    the script must then say PASS, exit 0, and carry the sweep's and cuda_ipc's figures."""
+    fake = _stand_in_gpu(tmp_path, IPC_OK, 0)
     out = tmp_path / "out"
     env_path = ":".join(p for p in os.environ.get("PATH", "").split(":") if not os.path.exists(
         os.path.join(p, "compute-sanitizer")))
@@ -186,6 +199,41 @@ def test_the_pass_path_with_a_stand_in_gpu(tmp_path):
     for algo in ("nccl", "ring"):
         assert f"OK    sweep {algo}" in summary and "all_reduce 310.5 ringcomm  352.25 nccl" in summary
     assert "problems:" not in summary
+    assert "OK    gpu_ipc" in summary
+    assert "OK    ipc_bench          kernels sum/float32 0.91x of copy" in summary
+    assert "oneshot 9.5 us (ws 2), ring 40.1 us, nccl ws1 7.2 us" in summary
+    assert "ipc_bench.txt" in "".join(_archive(out))
+
+
+def test_reduction_kernels_below_target_fail_the_check(tmp_path):
+    """scripts/ipc_bench.py's verdict (kernels under 85% of the copy) reaches the summary as a failure."""
+    fake = _stand_in_gpu(tmp_path, IPC_SLOW, 1)
+    out = tmp_path / "out"
+    env_path = ":".join(p for p in os.environ.get("PATH", "").split(":") if not os.path.exists(
+        os.path.join(p, "compute-sanitizer")))
+    r, _ = _run(["--no-build", "--quick", "--budget", "200", str(out)], python=str(fake), path=env_path)
+    summary = (out / "summary.txt").read_text()
+    assert r.returncode == 1 and summary.startswith("RESULT: FAIL (1 problem)"), summary
+    assert "FAIL  ipc_bench          kernels sum/float32 0.70x of copy" in summary
+    assert "ipc_bench: kernels sum/float32 0.70x" in summary  # in the problems list too
+
+
+def test_ipc_bench_helpers():
+    import ipc_bench
+
+    assert ipc_bench.SIZES[0] == 8 and ipc_bench.SIZES[-1] == 256 << 10
+    ok, text = ipc_bench.kernel_verdict([("sum/float32", 900.0, 1000.0), ("sum/bfloat16", 860.0, 1000.0)])
+    assert ok and text.startswith("kernels sum/float32 0.90x of copy (900 vs 1000 GB/s)"), text
+    ok, text = ipc_bench.kernel_verdict([("sum/float32", 800.0, 1000.0)])
+    assert not ok and "0.80x" in text
+    assert ipc_bench.kernel_verdict([]) == (False, "no kernel figures")
+    lat = {"oneshot": {8: 5.0, 64: 6.0, 1024: 20.0, 4096: 60.0},
+           "twoshot": {8: 9.0, 64: 9.0, 1024: 12.0, 4096: 30.0},
+           "ring": {8: 30.0, 64: 30.0, 1024: 13.0, 4096: 25.0}}
+    assert ipc_bench.suggest_thresholds(lat) == (64, 1024)
+    table = ipc_bench.latency_table({**lat, "nccl_ws1": {8: 7.0}}, [8, 4096])
+    assert table[0].split() == ["bytes", "nccl_ws1", "us", "oneshot", "us", "twoshot", "us", "ring", "us"]
+    assert table[2].split() == ["4096", "-", "60.0", "30.0", "25.0"]
 
 
 # ------------------------------------------------------------ the helpers alone

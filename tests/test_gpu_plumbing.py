@@ -34,6 +34,7 @@ def test_build_info_says_what_was_compiled():
     if info["cuda"]:
         assert {"cuda_toolkit", "cuda_archs", "nccl_declarations"} <= set(info)
         assert "80" in info["cuda_archs"] and "90" in info["cuda_archs"]
+    assert info["gpu_transports"] == (("nccl", "cuda_ipc") if info["cuda"] else ())
 
 
 @pytest.mark.skipif(not (cuda.compiled() and os.environ.get("NCCL_HOME")),
@@ -249,6 +250,7 @@ class FakeComm:
 
     class _config:
         timeout_s = 10.0
+        transport = "auto"
 
 
 class FakeTorchTensor:
@@ -357,6 +359,10 @@ def test_each_rank_builds_its_nccl_communicator_with_rank_0s_settings(monkeypatc
 
     class FakeC:
         @staticmethod
+        def cuda_pci_bus_id(device):  # each rank its own GPU (rank 1 native()s on a thread)
+            return "0000:01:00.0" if threading.current_thread() is threading.main_thread() else "0000:02:00.0"
+
+        @staticmethod
         def nccl_unique_id():
             return b"\x01\x02"
 
@@ -385,3 +391,67 @@ def test_each_rank_builds_its_nccl_communicator_with_rank_0s_settings(monkeypatc
     p0.native(0)
     t.join(30)
     assert sorted(made) == [(0, b"\x01\x02", 1 << 20, "nccl"), (1, b"\x01\x02", 1 << 20, "nccl")]
+
+
+def test_ranks_sharing_a_gpu_build_a_cuda_ipc_communicator(monkeypatch):
+    """Two ranks whose device is one GPU (the same PCI bus id): GpuPath.native() makes
+    cuda_ipc communicators with the agreed settings (the slot is the GPU chunk), exchanges their handles through the
+    store and lets them go after every rank mapped every buffer; NCCL is never loaded."""
+    import threading
+
+    from torch.distributed import HashStore
+
+    made, steps = [], []
+
+    class FakeIpc:
+        over_ipc = True
+
+        def __init__(self, rank):
+            self.rank = rank
+
+        def handle(self):
+            return f"0:0000:01:00.0:{self.rank:02x}"
+
+        def connect(self, handles):
+            steps.append((self.rank, "connect", tuple(handles)))
+
+        def exported(self):
+            steps.append((self.rank, "exported"))
+
+    class FakeGpuCommunicator:
+        @staticmethod
+        def over_cuda_ipc(rank, ws, device, timeout_s, slot, nslots, stage, one, two, algo):
+            made.append((rank, ws, slot, nslots, stage, one, two, algo))
+            return FakeIpc(rank)
+
+    class FakeC:
+        GpuCommunicator = FakeGpuCommunicator
+
+        @staticmethod
+        def cuda_pci_bus_id(device):
+            return "0000:01:00.0"
+
+    def no_nccl():
+        raise AssertionError("NCCL must not be loaded for ranks sharing a GPU")
+
+    monkeypatch.setattr(cuda, "_C", FakeC)
+    monkeypatch.setattr(cuda, "nccl_version", no_nccl)
+    store = HashStore()
+
+    def comm(rank):
+        c = FakeComm()
+        c.rank, c.world_size, c._store = rank, 2, store
+        return c
+
+    monkeypatch.setenv("RINGCOMM_IPC_STAGE_BYTES", str(1 << 20))
+    monkeypatch.setenv("RINGCOMM_IPC_ALGO", "twoshot")
+    p0 = cuda.GpuPath(comm(0))
+    t = threading.Thread(target=p0.native, args=(0,))
+    t.start()
+    p1 = cuda.GpuPath(comm(1))
+    p1.native(0)
+    t.join(30)
+    assert sorted(made) == [(r, 2, 4 << 20, 4, 1 << 20, 256 << 10, 4 << 20, "twoshot") for r in (0, 1)]
+    handles = ("0:0000:01:00.0:00", "0:0000:01:00.0:01")
+    assert sorted(steps) == [(0, "connect", handles), (0, "exported"), (1, "connect", handles), (1, "exported")]
+    assert p0.transport(0) == p1.transport(0) == "cuda_ipc" and p0.transport(1) is None

@@ -14,6 +14,8 @@ void bind_fast_calls(pybind11::module_& m);
 void bind_cost_model(pybind11::module_& m);
 // Test hook: the GPU ring family's translation run over a simulated NCCL.
 void bind_device_sim(pybind11::module_& m);
+// Test hook: the cuda_ipc protocol over host shared memory (bind_ipc_sim.cpp).
+void bind_ipc_sim(pybind11::module_& m);
 // Test hook: the plan checker (comm/plan_check.h).
 void bind_plan_check(pybind11::module_& m);
 

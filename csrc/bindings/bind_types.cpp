@@ -33,6 +33,11 @@ void bind_types(py::module_& m) {
     d["nccl"] = false;
 #endif
     d["transports"] = py::make_tuple("shm", "tcp");
+#ifdef RINGCOMM_WITH_CUDA
+    d["gpu_transports"] = py::make_tuple("nccl", "cuda_ipc");
+#else
+    d["gpu_transports"] = py::make_tuple();
+#endif
     d["reduce_isa"] = reducer_isa();
     d["compiler"] = __VERSION__;
     return d;

@@ -21,6 +21,7 @@ PYBIND11_MODULE(_C, m) {
   ringcomm::bind_fast_calls(m);
   ringcomm::bind_cost_model(m);
   ringcomm::bind_device_sim(m);
+  ringcomm::bind_ipc_sim(m);
   ringcomm::bind_plan_check(m);
 #ifdef RINGCOMM_WITH_CUDA
   ringcomm::bind_cuda(m);

@@ -29,7 +29,10 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, tra
     (ring, oneshot, recursive_doubling, tree, pull) or "op:name,..." per op.
     `transport` (or RINGCOMM_TRANSPORT): "auto" uses shared memory between
     ranks of one host and TCP between hosts; "tcp" uses TCP for every peer;
-    "shm" refuses ranks on other hosts. Bad arguments (and environment
+    "shm" refuses ranks on other hosts; "cuda_ipc" sends GPU buffers over CUDA
+    IPC among the ranks of one host (also ranks sharing one GPU, which NCCL
+    refuses; under "auto" such ranks get cuda_ipc by themselves), CPU buffers
+    as "auto". Bad arguments (and environment
     settings) raise TypeError / ValueError naming them before anything is
     sent.
     """

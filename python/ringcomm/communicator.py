@@ -27,7 +27,7 @@ _CENSUS_SCHEMA = {
     "slot_bytes": validate.integer(64, 1 << 30),
     "nslots": validate.integer(3, 4096),
     "ranks": validate.optional(validate.list_of(validate.integer(0, 2**31 - 1), 1 << 24)),
-    "transport": validate.one_of("auto", "shm", "tcp"),
+    "transport": validate.one_of("auto", "shm", "tcp", "cuda_ipc"),
     "check_agreement": validate.boolean(),
     "cost_model": validate.one_of("measure", "default", "file"),
     "cost_model_error": validate.optional(validate.text(1000)),
@@ -373,6 +373,12 @@ class Communicator:
             except _DeviceBuffer:
                 pass
         return self._gpu().recv(tensor, src, async_op, stream, None)
+
+    def gpu_transport(self, device):
+        """What this communicator's calls on CUDA device `device` run over: "nccl" or
+        "cuda_ipc" (ringcomm/cuda_ipc.py pick_gpu_transport: ranks sharing a GPU, or
+        transport="cuda_ipc"); None before its first call on that device."""
+        return None if self._gpu_path is None else self._gpu_path.transport(device)
 
     def _gpu(self):
         g = self._gpu_path

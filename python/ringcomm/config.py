@@ -25,7 +25,10 @@ RINGCOMM_COST_MODEL        what `auto` picks with: measure (default: links measu
                            (read by rank 0 only; every rank must use the same setting)
 RINGCOMM_RING_ORDER        host (default: each host's ranks next to each other) | rank (rank order)
 RINGCOMM_HOST_ID           overrides the host identity (hostname + boot id; at most 255 characters)
-RINGCOMM_TRANSPORT         auto (shared memory on one host, TCP between hosts) | shm | tcp (every peer)
+RINGCOMM_TRANSPORT         auto (shared memory on one host, TCP between hosts) | shm | tcp (every peer) |
+                           cuda_ipc (GPU buffers over CUDA IPC among the ranks of one host, CPU buffers as
+                           auto; under auto, GPU buffers go over NCCL unless two ranks share a GPU, which
+                           cuda_ipc then serves: ringcomm/cuda_ipc.py pick_gpu_transport)
 RINGCOMM_SOCKET_IFNAME     interface(s) TCP listens on and advertises, e.g. eth0 (comma list; default:
                            the address that routes to MASTER_ADDR / the store's host)
 """
@@ -38,7 +41,7 @@ DEFAULT_TIMEOUT_S = 300.0
 ALGOS = ("auto", "ring", "oneshot", "pull", "recursive_doubling", "rabenseifner", "tree", "bruck",
          "hierarchical", "direct")
 RING_ORDERS = ("host", "rank")
-TRANSPORTS = ("auto", "shm", "tcp")
+TRANSPORTS = ("auto", "shm", "tcp", "cuda_ipc")
 
 # Ranges of the size settings. The one-shot all_reduce keeps a scratch buffer
 # of world_size * RINGCOMM_ONESHOT_MAX_BYTES, allocated at init: 1 GiB (the

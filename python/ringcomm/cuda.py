@@ -23,6 +23,13 @@ Errors: an operation the watchdog aborted (or that an NCCL error struck after it
 queued) raises from ``synchronize()`` and ``wait()``, and ``exception()`` returns its
 error, although its event completes (every event does once NCCL is aborted).
 
+Transports: NCCL, or cuda_ipc for the ranks of one host (ringcomm/cuda_ipc.py: picked
+when two ranks share a GPU, which NCCL refuses, or by RINGCOMM_TRANSPORT=cuda_ipc /
+init(transport="cuda_ipc"); the protocol is csrc/transport/cuda_ipc/ipc_channel.h). Over
+cuda_ipc every call runs ringcomm's schedules, all_reduce also one-shot or two-shot by size
+(or ``algo="oneshot" | "twoshot" | "ring"``), and calls cannot be captured into CUDA graphs
+(a clear error).
+
 Algorithms (``algo=`` per call, or RINGCOMM_GPU_ALGO): "nccl" (NCCL's collective),
 "ring" (ringcomm's schedules over NCCL send/recv with ringcomm's CUDA kernels), "auto"
 (nccl where NCCL reduces alike; ring for bool, the bitwise ops and floating-point MIN/MAX,
@@ -35,7 +42,7 @@ fired.
 import os
 import threading
 
-from ringcomm import _C, validate
+from ringcomm import _C, bootstrap, validate
 from ringcomm.errors import RingcommError, TimeoutError
 from ringcomm.work import seconds
 
@@ -43,6 +50,8 @@ _TORCH_DTYPES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
                  "int8": 4, "uint8": 5, "int32": 6, "int64": 7, "bool": 8}
 _TYPESTRS = {"f2": 0, "f4": 2, "f8": 3, "i1": 4, "u1": 5, "i4": 6, "i8": 7, "b1": 8}
 GPU_ALGOS = ("auto", "nccl", "ring")
+# all_reduce's per-call algo= over cuda_ipc may also name the one-shot / two-shot protocols.
+IPC_ALL_REDUCE_ALGOS = ("oneshot", "twoshot")
 DEFAULT_CHUNK_BYTES = 4 << 20
 
 
@@ -84,6 +93,16 @@ def nccl_version():
         _C.nccl_set_search_paths(_nccl_search_paths())
         _nccl_paths_set = True
     return _C.nccl_version()
+
+
+def _host():
+    return bootstrap.host_identity()
+
+
+def bootstrap_exchange(store, prefix, rank, world_size, info, timeout_s):
+    """Every rank's {"host", "gpu"} for pick_gpu_transport (checked like socket data)."""
+    schema = {"host": validate.text(1024), "gpu": validate.text(64)}
+    return bootstrap.exchange(store, prefix, rank, world_size, info, timeout_s, schema=schema)
 
 
 class DeviceBuffer:
@@ -267,9 +286,11 @@ def agree_settings(store, key, rank, timeout_s, mine, make_uid):
 
 
 class GpuPath:
-    """The GPU side of one Communicator: one NCCL communicator per device, created at
-    the first call on that device (every rank must make its first GPU call of a device
-    together, as with any collective)."""
+    """The GPU side of one Communicator: one native GPU communicator per device, created
+    at the first call on that device (every rank must make its first GPU call of a
+    device together, as with any collective), over NCCL or over cuda_ipc
+    (ringcomm/cuda_ipc.py pick_gpu_transport: by choice, or because two ranks share a
+    GPU)."""
 
     def __init__(self, comm):
         self._comm = comm
@@ -291,21 +312,58 @@ class GpuPath:
                              f"and 1 GiB, got {self._chunk}")
 
     # -- setup ----------------------------------------------------------------
+    def transport(self, device):
+        """"nccl" or "cuda_ipc": what this communicator's calls on `device` run over
+        (None before the first call there)."""
+        g = self._natives.get(device)
+        return None if g is None else ("cuda_ipc" if g.over_ipc else "nccl")
+
     def native(self, device):
         g = self._natives.get(device)
         if g is not None:
             return g
-        nccl_version()  # load NCCL (clear error if absent) before talking to the peers
+        from ringcomm import cuda_ipc
+
         c = self._comm
         store, rank, ws = c._store, c.rank, c.world_size
-        key = f"{c._prefix}/nccl/{self._created}"
+        n = self._created
         self._created += 1
+        infos = bootstrap_exchange(store, f"{c._prefix}/gpu/{n}", rank, ws,
+                                   {"host": _host(), "gpu": _C.cuda_pci_bus_id(device)}, c._config.timeout_s)
+        if cuda_ipc.pick_gpu_transport(c._config.transport, infos) == "cuda_ipc":
+            g = self._native_ipc(device, f"{c._prefix}/cuda_ipc/{n}")
+            self._natives[device] = g
+            return g
+        nccl_version()  # load NCCL (clear error if absent) before talking to the peers
+        key = f"{c._prefix}/nccl/{n}"
         shared = agree_settings(store, key, rank, c._config.timeout_s,
                                 {"chunk": self._chunk, "algo": self._default_algo},
                                 lambda: _C.nccl_unique_id().hex())
         g = _C.GpuCommunicator(rank, ws, device, bytes.fromhex(shared["uid"]), c._config.timeout_s,
                                shared["chunk"], shared["algo"])
         self._natives[device] = g
+        return g
+
+    def _native_ipc(self, device, prefix):
+        from ringcomm import cuda_ipc
+
+        c = self._comm
+        store, rank, ws, timeout_s = c._store, c.rank, c.world_size, c._config.timeout_s
+        ipc_algo = os.environ.get("RINGCOMM_IPC_ALGO", "auto") or "auto"
+        if ipc_algo not in cuda_ipc.ALL_REDUCE_ALGOS:
+            raise ValueError(f"RINGCOMM_IPC_ALGO={ipc_algo!r} is not one of {', '.join(cuda_ipc.ALL_REDUCE_ALGOS)}")
+        # The ring family's chunk is the slot (RINGCOMM_GPU_CHUNK_BYTES, unless
+        # RINGCOMM_IPC_SLOT_BYTES says otherwise).
+        mine = cuda_ipc.settings(None if os.environ.get("RINGCOMM_IPC_SLOT_BYTES") else {"slot_bytes": self._chunk})
+        mine["algo"] = ipc_algo
+        s = cuda_ipc.agree(store, f"{prefix}/settings", rank, timeout_s, mine)
+        g = _C.GpuCommunicator.over_cuda_ipc(rank, ws, device, timeout_s, s["slot_bytes"], s["nslots"],
+                                             s["stage_bytes"], s["one_shot_max"], s["two_shot_max"], s["algo"])
+        try:
+            cuda_ipc.connect(g, store, prefix, rank, ws, timeout_s)
+        except BaseException:
+            g.close()
+            raise
         return g
 
     def close(self):
@@ -374,7 +432,14 @@ class GpuPath:
     def all_reduce(self, tensor, op, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, self._algo(algo))
+        if algo in IPC_ALL_REDUCE_ALGOS:
+            if not g.over_ipc:
+                raise ValueError(f"algo {algo!r} needs the cuda_ipc transport (RINGCOMM_TRANSPORT=cuda_ipc or "
+                                 "init(transport='cuda_ipc')); this communicator runs over NCCL")
+            w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, "auto", algo)
+        else:
+            w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, self._algo(algo),
+                             "ring" if algo == "ring" and g.over_ipc else "auto")
         return self._finish(g, w, [x], s, async_op)
 
     def reduce_scatter(self, output, input, op, async_op, stream, algo):

@@ -67,6 +67,13 @@ void bind_cuda(py::module_& m) {
     }
     return attr.device;
   });
+  // Which GPU a device index is, across processes with other CUDA_VISIBLE_DEVICES
+  // (ranks that share one GPU need cuda_ipc: ringcomm/cuda_ipc.py).
+  m.def("cuda_pci_bus_id", [](int device) {
+    char bus[32] = {};
+    cuda::check(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
+    return std::string(bus);
+  });
   m.def("nccl_set_search_paths", [](std::vector<std::string> paths) { nccl::set_search_paths(std::move(paths)); });
   m.def("nccl_version", [] {
     const nccl::Api& a = nccl::api();
@@ -120,6 +127,25 @@ void bind_cuda(py::module_& m) {
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("unique_id"), py::arg("timeout_s"),
            py::arg("chunk_bytes"), py::arg("algo"))
+      .def_static(
+          "over_cuda_ipc",
+          [](int rank, int world, int device, double timeout_s, size_t slot_bytes, int nslots, size_t stage_bytes,
+             size_t one_shot_max, size_t two_shot_max, const std::string& ipc_algo) {
+            const IpcAllReduceAlgo a = parse_ipc_all_reduce_algo(ipc_algo);
+            py::gil_scoped_release r;
+            return std::make_shared<G>(rank, world, device, timeout_s, IpcGeometry{slot_bytes, nslots, stage_bytes},
+                                       IpcThresholds{one_shot_max, two_shot_max}, a);
+          },
+          py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("timeout_s"), py::arg("slot_bytes"),
+          py::arg("nslots"), py::arg("stage_bytes"), py::arg("one_shot_max"), py::arg("two_shot_max"),
+          py::arg("ipc_algo") = "auto")
+      .def_property_readonly("over_ipc", &G::over_ipc)
+      .def("handle", &G::ipc_handle)
+      .def("connect", &G::ipc_connect, py::call_guard<py::gil_scoped_release>())
+      .def("exported", &G::ipc_exported)
+      .def("ipc_choice", [](const G& g, size_t nbytes, const std::string& algo) {
+        return std::string(ipc_all_reduce_algo_name(g.ipc_choice(nbytes, parse_ipc_all_reduce_algo(algo))));
+      })
       .def_property_readonly("stream", [](const G& g) { return reinterpret_cast<uintptr_t>(g.stream()); })
       .def_property_readonly("device", &G::device)
       .def("async_error", &G::async_error)
@@ -127,13 +153,19 @@ void bind_cuda(py::module_& m) {
       .def("close", &G::close, py::call_guard<py::gil_scoped_release>())
       .def("family", [](const G& g, const std::string& algo, int dtype, int op, bool reduces) {
         GpuAlgo f = g.choose(parse_gpu_algo(algo), static_cast<DataType>(dtype), op_of(op), reduces);
-        return std::string(f == GpuAlgo::kNccl ? "nccl" : "ring");
+        return std::string(f == GpuAlgo::kNccl ? "nccl" : g.over_ipc() ? "cuda_ipc" : "ring");
       })
-      .def("all_reduce", [](G& g, uintptr_t p, size_t n, int t, int op, uintptr_t s, const std::string& algo) {
-        auto a = parse_gpu_algo(algo);
-        py::gil_scoped_release r;
-        return g.all_reduce(dev_buffer(p, n, t), op_of(op), stream_of(s), a);
-      })
+      .def(
+          "all_reduce",
+          [](G& g, uintptr_t p, size_t n, int t, int op, uintptr_t s, const std::string& algo,
+             const std::string& ipc_algo) {
+            auto a = parse_gpu_algo(algo);
+            auto ia = parse_ipc_all_reduce_algo(ipc_algo);
+            py::gil_scoped_release r;
+            return g.all_reduce(dev_buffer(p, n, t), op_of(op), stream_of(s), a, ia);
+          },
+          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("stream"), py::arg("algo"),
+          py::arg("ipc_algo") = "auto")
       .def("reduce_scatter", [](G& g, uintptr_t op_, size_t on, uintptr_t ip, size_t in, int t, int op, uintptr_t s,
                                 const std::string& algo) {
         auto a = parse_gpu_algo(algo);

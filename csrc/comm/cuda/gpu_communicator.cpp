@@ -89,15 +89,47 @@ GpuCommunicator::GpuCommunicator(int rank, int world, int device, const std::str
   schedule_.reserve(256);
 }
 
+GpuCommunicator::GpuCommunicator(int rank, int world, int device, double timeout_s, IpcGeometry geometry,
+                                 IpcThresholds thresholds, IpcAllReduceAlgo ipc_algo)
+    : rank_(rank), world_(world), device_(device), timeout_s_(timeout_s), default_algo_(GpuAlgo::kRing),
+      ipc_algo_(ipc_algo) {
+  cuda::DeviceGuard g(device_);
+  try {
+    cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda::check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    auto mem = std::make_unique<CudaIpcMemory>(device_);
+    ipc_mem_ = mem.get();
+    ipc_mem_->set_stream(stream_);
+    auto ch = std::make_unique<IpcChannel>(rank, world, geometry, timeout_s, std::move(mem));
+    ipc_ = std::make_unique<IpcCollectives>(std::move(ch), thresholds);
+    ipc_->allocate();
+  } catch (...) {
+    ipc_.reset();
+    if (ready_) cudaEventDestroy(ready_);
+    if (stream_) cudaStreamDestroy(stream_);
+    throw;
+  }
+}
+
 GpuCommunicator::~GpuCommunicator() {
   try {
     close();
   } catch (...) {
   }
+  ipc_.reset();
+}
+
+IpcAllReduceAlgo GpuCommunicator::ipc_choice(size_t nbytes, IpcAllReduceAlgo algo) const {
+  return ipc_->choose(nbytes, algo == IpcAllReduceAlgo::kAuto ? ipc_algo_ : algo);
 }
 
 std::string GpuCommunicator::async_error() {
   if (faults_.failed()) return faults_.message();
+  if (ipc_) {
+    // What a wait kernel recorded (its timeout, or a peer's abort word it
+    // found) in mapped host memory: free to read, so every call checks it.
+    return ipc_mem_->failure() ? ipc_->channel().failure() : "";
+  }
   // ncclCommGetAsyncError is safe next to a call in flight on another thread;
   // the gate keeps an abort or close() from freeing the handle meanwhile.
   if (!gate_.enter()) return faults_.message();
@@ -111,6 +143,15 @@ void GpuCommunicator::fail(const std::string& why, bool timeout) {
     std::lock_guard<std::mutex> lk(wd_mu_);
     if (!faults_.set(why, timeout, finished_locked())) return;  // failed already: the abort is under way
     release_watched_locked();
+  }
+  if (ipc_) {
+    // Every rank's abort word: waits spinning here and on the peers give up.
+    try {
+      ipc_->channel().abort(why, timeout ? IpcAbortKind::kTimeout : IpcAbortKind::kError);
+    } catch (const Error&) {
+    }
+    gate_.abort([] {});
+    return;
   }
   // Now, or by the call queuing on the handle when it leaves the gate (it then
   // holds mu_ with this device current; an abort never waits for it).
@@ -162,6 +203,7 @@ void GpuCommunicator::close() {
   // can use or abort the handle from here on.
   std::exception_ptr destroy_error;
   gate_.retire([&] {
+    if (!nccl_) return;
     try {
       nccl_->destroy();
     } catch (...) {
@@ -171,6 +213,7 @@ void GpuCommunicator::close() {
   stop_watchdog();  // last: it bounded every wait above
   executor_.reset();  // frees its scratch with this device current
   graph_executor_.reset();
+  if (ipc_) ipc_->channel().release();  // the stream is drained: no kernel reads the buffers
   ops_.reset();
   nccl_.reset();  // nothing left to release: destroyed or aborted
   if (ready_) cudaEventDestroy(ready_);
@@ -249,7 +292,7 @@ void GpuCommunicator::watchdog_loop() {
     }
     if (why.empty() && !watched_.empty()) {
       const std::string e = async_error();
-      if (!e.empty() && !faults_.failed()) why = "NCCL: " + e;
+      if (!e.empty() && !faults_.failed()) why = (ipc_ ? "cuda_ipc: " : "NCCL: ") + e;
     }
     if (!why.empty()) {
       lk.unlock();
@@ -267,12 +310,20 @@ void GpuCommunicator::check_open() {
   }
   const std::string e = async_error();
   if (!e.empty()) {
-    fail("NCCL: " + e, false);
-    throw Error("ringcomm: NCCL reported an error: " + e);
+    const char* who = ipc_ ? "cuda_ipc" : "NCCL";
+    fail(std::string(who) + ": " + e, false);
+    throw Error(std::string("ringcomm: ") + who + " reported an error: " + e);
   }
 }
 
 GpuAlgo GpuCommunicator::choose(GpuAlgo algo, DataType dtype, ReduceOp op, bool reduces) const {
+  if (ipc_) {
+    if (algo == GpuAlgo::kNccl) {
+      throw ValueError("algo 'nccl' needs the NCCL transport; this communicator runs over cuda_ipc (ring "
+                       "schedules, one-shot and two-shot all_reduce)");
+    }
+    return GpuAlgo::kRing;
+  }
   return choose_gpu_family(algo, default_algo_, dtype, op, reduces);
 }
 
@@ -286,6 +337,11 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
   // operations this rank queued only in part, so it fails (and NCCL is
   // aborted: nothing would complete those operations).
   const bool captured = cuda::capturing(caller);
+  if (captured && ipc_) {
+    throw Error(std::string("ringcomm: ") + what + " over cuda_ipc cannot be captured into a CUDA graph: its "
+                "flags carry sequence numbers counted on the host, which a replay would repeat (buffers are "
+                "registered once, at init; use transport=nccl for graphs)");
+  }
   cudaEvent_t done = nullptr;
   if (!captured) {
     cuda::check(cudaEventRecord(ready_, caller), "cudaEventRecord (caller stream)");
@@ -302,6 +358,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
     ~Inside() { gate.leave(); }
   } inside{gate_};
   const uint64_t seq = captured ? 0 : ++queued_;
+  current_seq_ = seq;
   auto work = std::make_shared<GpuWork>(shared_from_this(), device_, done, captured, seq, what);
   try {
     if (captured) {
@@ -322,7 +379,13 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
 
 // The "ring" family: the call's schedule (comm/device_plan.cpp), run by the
 // device executor on stream `s`. Slices of the ring are one chunk each.
-void GpuCommunicator::run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const CallPlan& call) {
+void GpuCommunicator::run_ring(const char* what, cudaStream_t s, DataType dtype, ReduceOp op,
+                               const CallPlan& call) {
+  if (ipc_) {
+    ipc_mem_->set_stream(s);
+    ipc_->run(what, current_seq_, call, dtype, op);
+    return;
+  }
   const size_t elem = dtype_size(dtype);
   schedule_.clear();
   PlanContext ctx{rank_, world_, elem, std::max<size_t>(1, executor_->chunk_bytes() / elem), &tag_, &schedule_,
@@ -334,18 +397,29 @@ void GpuCommunicator::run_ring(cudaStream_t s, DataType dtype, ReduceOp op, cons
   (s == stream_ ? executor_ : graph_executor_)->run(schedule_, *ops_, dtype, op);
 }
 
-GpuCommunicator::WorkPtr GpuCommunicator::all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo) {
+void GpuCommunicator::run_p2p(const char* what, cudaStream_t s, const std::vector<IpcP2p>& ops) {
+  ipc_mem_->set_stream(s);
+  ipc_->p2p(what, current_seq_, ops);
+}
+
+GpuCommunicator::WorkPtr GpuCommunicator::all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo,
+                                                     IpcAllReduceAlgo ipc_algo) {
   require_op(x.dtype, op, "all_reduce");
   const GpuAlgo fam = choose(algo, x.dtype, op, true);
+  if (ipc_) ipc_choice(x.nbytes(), ipc_algo);  // ValueError (a size past the stage) before anything is queued
   return launch("all_reduce", caller, [&](cudaStream_t s) {
     if (x.count == 0) return;
-    if (fam == GpuAlgo::kNccl) {
+    if (ipc_) {
+      ipc_mem_->set_stream(s);
+      ipc_->all_reduce(current_seq_, x.ptr, x.count, x.dtype, op,
+                       ipc_algo == IpcAllReduceAlgo::kAuto ? ipc_algo_ : ipc_algo);
+    } else if (fam == GpuAlgo::kNccl) {
       nccl_->check(nccl::api().AllReduce(x.ptr, x.ptr, x.count, nccl::DataType(nccl_dtype(x.dtype)),
                                          nccl::RedOp(nccl_op(op)), nccl_->handle(), s),
                    "ncclAllReduce");
       if (op == ReduceOp::kAvg) cuda::divide(x.dtype, x.ptr, x.count, world_, s);
     } else {
-      run_ring(s, x.dtype, op, {OpKind::kAllReduce, x.ptr, nullptr, x.count, -1, op == ReduceOp::kAvg});
+      run_ring("all_reduce", s, x.dtype, op, {OpKind::kAllReduce, x.ptr, nullptr, x.count, -1, op == ReduceOp::kAvg});
     }
   });
 }
@@ -364,7 +438,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::reduce_scatter(Buffer out, Buffer in, 
                    "ncclReduceScatter");
       if (op == ReduceOp::kAvg) cuda::divide(out.dtype, out.ptr, out.count, world_, s);
     } else {
-      run_ring(s, in.dtype, op, {OpKind::kReduceScatter, out.ptr, in.ptr, out.count, -1, op == ReduceOp::kAvg});
+      run_ring("reduce_scatter", s, in.dtype, op, {OpKind::kReduceScatter, out.ptr, in.ptr, out.count, -1, op == ReduceOp::kAvg});
     }
   });
 }
@@ -379,7 +453,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::all_gather(Buffer out, Buffer in, cuda
       nccl_->check(nccl::api().AllGather(in.ptr, out.ptr, in.nbytes(), nccl::kUint8, nccl_->handle(), s),
                    "ncclAllGather");
     } else {
-      run_ring(s, in.dtype, ReduceOp::kSum, {OpKind::kAllGather, out.ptr, in.ptr, in.count, -1, false});
+      run_ring("all_gather", s, in.dtype, ReduceOp::kSum, {OpKind::kAllGather, out.ptr, in.ptr, in.count, -1, false});
     }
   });
 }
@@ -392,7 +466,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::broadcast(Buffer x, int root, cudaStre
       nccl_->check(nccl::api().Broadcast(x.ptr, x.ptr, x.nbytes(), nccl::kUint8, root, nccl_->handle(), s),
                    "ncclBroadcast");
     } else {
-      run_ring(s, x.dtype, ReduceOp::kSum, {OpKind::kBroadcast, x.ptr, nullptr, x.count, root, false});
+      run_ring("broadcast", s, x.dtype, ReduceOp::kSum, {OpKind::kBroadcast, x.ptr, nullptr, x.count, root, false});
     }
   });
 }
@@ -409,7 +483,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::reduce(Buffer x, int root, ReduceOp op
                    "ncclReduce");
       if (op == ReduceOp::kAvg && rank_ == root) cuda::divide(x.dtype, x.ptr, x.count, world_, s);
     } else {
-      run_ring(s, x.dtype, op, {OpKind::kReduce, x.ptr, nullptr, x.count, root, op == ReduceOp::kAvg});
+      run_ring("reduce", s, x.dtype, op, {OpKind::kReduce, x.ptr, nullptr, x.count, root, op == ReduceOp::kAvg});
     }
   });
 }
@@ -420,7 +494,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::scatter(Buffer out, Buffer in, int roo
     require_count(in.count, out.count * world_, "scatter", "input (world_size * output)");
   }
   return launch("scatter", caller, [&](cudaStream_t s) {
-    run_ring(s, out.dtype, ReduceOp::kSum, {OpKind::kScatter, out.ptr, in.ptr, out.count, root, false});
+    run_ring("scatter", s, out.dtype, ReduceOp::kSum, {OpKind::kScatter, out.ptr, in.ptr, out.count, root, false});
   });
 }
 
@@ -430,7 +504,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::gather(Buffer out, Buffer in, int root
     require_count(out.count, in.count * world_, "gather", "output (world_size * input)");
   }
   return launch("gather", caller, [&](cudaStream_t s) {
-    run_ring(s, in.dtype, ReduceOp::kSum, {OpKind::kGather, out.ptr, in.ptr, in.count, root, false});
+    run_ring("gather", s, in.dtype, ReduceOp::kSum, {OpKind::kGather, out.ptr, in.ptr, in.count, root, false});
   });
 }
 
@@ -439,18 +513,20 @@ GpuCommunicator::WorkPtr GpuCommunicator::all_to_all(Buffer out, Buffer in, cuda
   require_count(out.count, in.count, "all_to_all", "output (as many as input)");
   if (in.count % world_) throw ValueError("all_to_all: input elements must divide evenly by the world size");
   return launch("all_to_all", caller, [&](cudaStream_t s) {
-    run_ring(s, in.dtype, ReduceOp::kSum, {OpKind::kAllToAll, out.ptr, in.ptr, in.count, -1, false});
+    run_ring("all_to_all", s, in.dtype, ReduceOp::kSum, {OpKind::kAllToAll, out.ptr, in.ptr, in.count, -1, false});
   });
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::send(Buffer x, int peer, cudaStream_t caller) {
   return launch("send", caller, [&](cudaStream_t s) {
+    if (ipc_) return run_p2p("send", s, {{true, x.ptr, x.nbytes(), peer}});
     nccl_->check(nccl::api().Send(x.ptr, x.nbytes(), nccl::kUint8, peer, nccl_->handle(), s), "ncclSend");
   });
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::recv(Buffer x, int peer, cudaStream_t caller) {
   return launch("recv", caller, [&](cudaStream_t s) {
+    if (ipc_) return run_p2p("recv", s, {{false, x.ptr, x.nbytes(), peer}});
     nccl_->check(nccl::api().Recv(x.ptr, x.nbytes(), nccl::kUint8, peer, nccl_->handle(), s), "ncclRecv");
   });
 }
@@ -458,6 +534,8 @@ GpuCommunicator::WorkPtr GpuCommunicator::recv(Buffer x, int peer, cudaStream_t 
 GpuCommunicator::WorkPtr GpuCommunicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src,
                                                    cudaStream_t caller) {
   return launch("sendrecv", caller, [&](cudaStream_t s) {
+    if (ipc_) return run_p2p("sendrecv", s, {{true, send_buf.ptr, send_buf.nbytes(), dst},
+                                             {false, recv_buf.ptr, recv_buf.nbytes(), src}});
     const nccl::Api& a = nccl::api();
     nccl_->check(a.GroupStart(), "ncclGroupStart");
     nccl::Result r = a.Send(send_buf.ptr, send_buf.nbytes(), nccl::kUint8, dst, nccl_->handle(), s);

@@ -10,6 +10,13 @@
 // beside eager calls (but two graphs holding ring calls of one communicator
 // must not replay at once).
 //
+// Transports: NCCL (every family), or cuda_ipc (comm/ipc_collectives.h: the
+// "ring" family's schedules over IPC-mapped buffers of the ranks of one host,
+// and one-shot / two-shot all_reduce; several ranks may share one GPU, which
+// NCCL refuses). cuda_ipc keeps its sequence numbers on the host, so its calls
+// cannot be captured into CUDA graphs: a capturing caller stream is refused
+// with an error before anything is queued.
+//
 // Families: "nccl" calls NCCL's own collective; "ring" runs ringcomm's
 // schedules (csrc/algo) over NCCL send/recv with ringcomm's CUDA kernels.
 // AVG is always SUM then ringcomm's divide kernel, so both families round
@@ -35,6 +42,8 @@
 #include "comm/fault_state.h"
 #include "comm/cuda/gpu_work.h"
 #include "comm/gpu_algo.h"
+#include "comm/ipc_collectives.h"
+#include "transport/cuda_ipc/cuda/cuda_ipc_memory.h"
 #include "transport/nccl/nccl_comm.h"
 
 namespace ringcomm {
@@ -45,7 +54,20 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   // for the duration.
   GpuCommunicator(int rank, int world, int device, const std::string& nccl_unique_id, double timeout_s,
                   size_t chunk_bytes, GpuAlgo default_algo);
+  // Over cuda_ipc: allocates this rank's IPC buffer; then, on every rank,
+  // ipc_handle() goes through the store, ipc_connect() maps the peers', and
+  // after a barrier ipc_exported() (python/ringcomm/cuda_ipc.py).
+  GpuCommunicator(int rank, int world, int device, double timeout_s, IpcGeometry geometry,
+                  IpcThresholds thresholds, IpcAllReduceAlgo ipc_algo);
   ~GpuCommunicator();
+
+  bool over_ipc() const { return ipc_ != nullptr; }
+  std::string ipc_handle() const { return ipc_->channel().handle(); }
+  void ipc_connect(const std::vector<std::string>& handles) { ipc_->channel().connect(handles); }
+  void ipc_exported() { ipc_->channel().exported(); }
+  // What an all_reduce of `nbytes` runs over cuda_ipc under `algo` (kAuto:
+  // the communicator's default).
+  IpcAllReduceAlgo ipc_choice(size_t nbytes, IpcAllReduceAlgo algo) const;
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -54,7 +76,8 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   double timeout_s() const { return timeout_s_; }
 
   using WorkPtr = std::shared_ptr<GpuWork>;
-  WorkPtr all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo);
+  WorkPtr all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo,
+                     IpcAllReduceAlgo ipc_algo = IpcAllReduceAlgo::kAuto);
   WorkPtr reduce_scatter(Buffer out, Buffer in, ReduceOp op, cudaStream_t caller, GpuAlgo algo);
   WorkPtr all_gather(Buffer out, Buffer in, cudaStream_t caller, GpuAlgo algo);
   WorkPtr broadcast(Buffer x, int root, cudaStream_t caller, GpuAlgo algo);
@@ -108,7 +131,8 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   void stop_watchdog();
   uint64_t finished_locked();
   void release_watched_locked();
-  void run_ring(cudaStream_t s, DataType dtype, ReduceOp op, const CallPlan& call);
+  void run_ring(const char* what, cudaStream_t s, DataType dtype, ReduceOp op, const CallPlan& call);
+  void run_p2p(const char* what, cudaStream_t s, const std::vector<IpcP2p>& ops);
 
   int rank_;
   int world_;
@@ -119,6 +143,12 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   std::unique_ptr<NcclDeviceOps> ops_;         // the ring family's device operations
   std::unique_ptr<DeviceExecutor> executor_;  // released before ops_ and nccl_ (close)
   std::unique_ptr<DeviceExecutor> graph_executor_;  // the same, for calls captured into CUDA graphs
+  // cuda_ipc instead of NCCL: kept until the destructor (close() releases its
+  // buffers), so an abort from another thread always finds it.
+  std::unique_ptr<IpcCollectives> ipc_;
+  CudaIpcMemory* ipc_mem_ = nullptr;  // owned by ipc_'s channel
+  IpcAllReduceAlgo ipc_algo_ = IpcAllReduceAlgo::kAuto;
+  uint64_t current_seq_ = 0;  // the call being queued (under mu_)
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream before each call
   Schedule schedule_;

@@ -136,6 +136,11 @@ void Segment::layout(int world, int owner, const std::vector<int>& members, size
   bytes_ = slots_offset(nfifos_) + nfifos_ * static_cast<size_t>(nslots) * stride_;
 }
 
+std::string Segment::fresh_name() {
+  return std::string("/") + kPrefix + std::to_string(own_pid_namespace()) + "-" + std::to_string(::getpid()) + "-" +
+         random_hex();
+}
+
 bool Segment::valid_name(const std::string& name) {
   uint64_t ns;
   int64_t pid;

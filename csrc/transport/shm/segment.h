@@ -92,6 +92,9 @@ class Segment {
   // Maps a peer's segment by name and checks its geometry.
   static Segment open(const std::string& name, int world, int expected_rank, const std::vector<int>& members,
                       size_t slot_bytes, int nslots);
+  // A fresh name of the form create() gives names (for other shared buffers
+  // of this job, such as the cuda_ipc stand-in's, so sweep_orphans covers them).
+  static std::string fresh_name();
   // Whether `name` has the form create() gives names (checked before a name
   // read from the store is used).
   static bool valid_name(const std::string& name);

@@ -1,0 +1,98 @@
+#include "comm/ipc_collectives.h"
+
+#include <algorithm>
+
+namespace ringcomm {
+
+IpcAllReduceAlgo parse_ipc_all_reduce_algo(const std::string& s) {
+  if (s == "auto" || s.empty()) return IpcAllReduceAlgo::kAuto;
+  if (s == "oneshot") return IpcAllReduceAlgo::kOneShot;
+  if (s == "twoshot") return IpcAllReduceAlgo::kTwoShot;
+  if (s == "ring") return IpcAllReduceAlgo::kRing;
+  throw ValueError("cuda_ipc all_reduce algorithm '" + s + "' is not one of auto, oneshot, twoshot, ring");
+}
+
+const char* ipc_all_reduce_algo_name(IpcAllReduceAlgo a) {
+  switch (a) {
+    case IpcAllReduceAlgo::kAuto: return "auto";
+    case IpcAllReduceAlgo::kOneShot: return "oneshot";
+    case IpcAllReduceAlgo::kTwoShot: return "twoshot";
+    case IpcAllReduceAlgo::kRing: return "ring";
+  }
+  return "?";
+}
+
+IpcCollectives::IpcCollectives(std::unique_ptr<IpcChannel> channel, IpcThresholds thresholds)
+    : ch_(std::move(channel)), th_(thresholds), ops_(ch_.get()), executor_(ch_->geometry().slot_bytes) {
+  schedule_.reserve(256);
+}
+
+IpcCollectives::~IpcCollectives() {
+  if (scratch_) ch_->memory().free_scratch(scratch_);
+}
+
+void IpcCollectives::allocate() { executor_.allocate(ops_); }
+
+IpcAllReduceAlgo IpcCollectives::choose(size_t nbytes, IpcAllReduceAlgo algo) const {
+  const size_t stage = ch_->geometry().stage_bytes;
+  if (algo == IpcAllReduceAlgo::kOneShot || algo == IpcAllReduceAlgo::kTwoShot) {
+    if (nbytes > stage) {
+      throw ValueError(std::string("cuda_ipc: ") + ipc_all_reduce_algo_name(algo) + " all_reduce of " +
+                       std::to_string(nbytes) + " bytes exceeds the IPC stage of " + std::to_string(stage) +
+                       " bytes (RINGCOMM_IPC_STAGE_BYTES)");
+    }
+    return algo;
+  }
+  if (algo == IpcAllReduceAlgo::kRing) return algo;
+  if (nbytes <= std::min(th_.one_shot_max, stage)) return IpcAllReduceAlgo::kOneShot;
+  if (nbytes <= std::min(th_.two_shot_max, stage)) return IpcAllReduceAlgo::kTwoShot;
+  return IpcAllReduceAlgo::kRing;
+}
+
+void IpcCollectives::all_reduce(uint64_t seq, char* x, size_t count, DataType dtype, ReduceOp op,
+                                IpcAllReduceAlgo algo, Algo family) {
+  switch (choose(count * dtype_size(dtype), algo)) {
+    case IpcAllReduceAlgo::kOneShot:
+      ch_->begin("all_reduce", seq);
+      ch_->one_shot_all_reduce(dtype, op, x, x, count);
+      return;
+    case IpcAllReduceAlgo::kTwoShot:
+      ch_->begin("all_reduce", seq);
+      ch_->two_shot_all_reduce(dtype, op, x, x, count);
+      return;
+    default: {
+      CallPlan call{OpKind::kAllReduce, x, nullptr, count, -1, op == ReduceOp::kAvg};
+      call.algo = family;
+      run("all_reduce", seq, call, dtype, op);
+    }
+  }
+}
+
+void IpcCollectives::run(const char* what, uint64_t seq, const CallPlan& call, DataType dtype, ReduceOp op) {
+  const size_t elem = dtype_size(dtype);
+  // Families that need scratch (doubling, tree reduce) get a buffer that
+  // only grows: no allocation per call once it is big enough.
+  CallPlan planned = call;
+  const size_t need = scratch_bytes(call, elem, ch_->world());
+  if (need > scratch_cap_) {
+    if (scratch_) ch_->memory().free_scratch(scratch_);
+    scratch_ = nullptr;
+    scratch_cap_ = 0;
+    scratch_ = ch_->memory().alloc_scratch(need);
+    scratch_cap_ = need;
+  }
+  if (need) planned.scratch = scratch_;
+  schedule_.clear();
+  const size_t chunk = ch_->geometry().slot_bytes;
+  PlanContext ctx{ch_->rank(), ch_->world(), elem, std::max<size_t>(1, chunk / elem), &tag_, &schedule_, nullptr};
+  plan_call(ctx, planned);
+  ch_->begin(what, seq);
+  executor_.run(schedule_, ops_, dtype, op);
+}
+
+void IpcCollectives::p2p(const char* what, uint64_t seq, const std::vector<IpcP2p>& ops) {
+  ch_->begin(what, seq);
+  ch_->group(ops);
+}
+
+}  // namespace ringcomm
