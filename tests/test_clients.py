@@ -13,6 +13,7 @@ import os
 import time
 
 import pytest
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("clients_bench", os.path.join(HERE, "..", "benchmarks", "clients.py"))
@@ -42,12 +43,15 @@ def test_client_matches_gloo(name):
             fails.append(f"rank {r}: accelerate saw {a['num_processes']} processes, {a['distributed_type']}")
         if len(a["losses"]) != 6:
             fails.append(f"rank {r}: {len(a['losses'])} steps ran, expected 6")
+    # Data parallel: each rank its own batches, one model (the gradients were reduced).
+    if got[0]["losses"] == got[1]["losses"]:
+        fails.append("both ranks had the same losses: they trained on the same data")
+    if not all(torch.equal(p0, p1) for p0, p1 in zip(got[0]["params"], got[1]["params"])):
+        fails.append("the ranks ended with different parameters: the gradients were not reduced")
     assert not fails, f"{name}:\n" + "\n".join(fails)
 
 
 def _result(losses, params):
-    import torch
-
     return {"losses": losses, "params": [torch.tensor(p) for p in params], "step_times": [0.0] * len(losses)}
 
 

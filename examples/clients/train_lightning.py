@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 examples/clients/train_lightning.py --variant ddp --out OUT
 
 Variants: ddp (DDPStrategy) and model_parallel (ModelParallelStrategy: FSDP2
-fully_shard over Lightning's device mesh). Each passes
+fully_shard over the data-parallel dimension of Lightning's device mesh, 2 x 1). Each passes
 process_group_backend=--backend; Lightning hands it to init_process_group,
 where torch finds "ringcomm" through ringcomm's entry point (no import of
 ringcomm here). Lightning's FSDPStrategy (torch's FSDP1) refuses CPU
@@ -79,8 +79,11 @@ def full_params(module):
 def main():
     args = common.parser(__doc__.splitlines()[0], ["ddp", "model_parallel"]).parse_args()
     torch.set_num_threads(1)
-    strategy = {"ddp": DDPStrategy, "model_parallel": ModelParallelStrategy}[args.variant](
-        process_group_backend=args.backend)
+    if args.variant == "ddp":
+        strategy = DDPStrategy(process_group_backend=args.backend)
+    else:  # its default mesh is (nodes, processes): data parallel across 2 processes needs saying so
+        strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1,
+                                         process_group_backend=args.backend)
     timing = Timing()
     trainer = pl.Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy=strategy, max_steps=args.steps,
                          callbacks=[timing], logger=False, enable_checkpointing=False,
