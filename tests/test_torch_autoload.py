@@ -7,6 +7,7 @@ interpreter (the pytest process imported torch long ago) that prints its
 failures, one per line, then "done".
 """
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -147,8 +148,13 @@ def test_torchrun_without_import(tmp_path):
     try:
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)  # torchrun and its workers
-        out, _ = proc.communicate()
+        # torchrun puts each worker in a session of its own: SIGTERM makes it stop them.
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate(timeout=20)
         pytest.fail(f"torchrun did not finish within 120 s:\n{out[-3000:]}")
     assert proc.returncode == 0, f"torchrun exited with {proc.returncode}:\n{out[-3000:]}"
     assert "rank 0 of 2 ok" in out and "rank 1 of 2 ok" in out, out[-3000:]
