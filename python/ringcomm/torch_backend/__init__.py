@@ -3,6 +3,10 @@
     import ringcomm.torch_backend            # registers "ringcomm" with torch.distributed
     torch.distributed.init_process_group("ringcomm")        # under torchrun
 
+The import is optional: torch registers the name itself at `import torch`
+through the "torch.backends" entry point (_ringcomm_autoload), and imports
+this module when it first creates a ringcomm group.
+
 Then DDP, FSDP2, new_group, DeviceMesh, functional collectives and
 torch.distributed.pipelining run on ringcomm, for CPU tensors and for CUDA
 tensors (ringcomm's GPU path, with the stream semantics of torch's NCCL
@@ -39,17 +43,6 @@ def _create_process_group(dist_backend_opts, backend_options):
 def register():
     """Registers "ringcomm" with torch.distributed for CPU and CUDA tensors (idempotent)."""
     dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=["cpu", "cuda"])
-
-
-def _autoload():
-    """Entry point for torch's "torch.backends" plugin group: runs inside
-    `import torch`, so it registers when torch.distributed is available and
-    never raises (a failure there would break `import torch`)."""
-    try:
-        if dist.is_available():
-            register()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 register()
