@@ -9,7 +9,9 @@
 # family in a graph, counts above 2**31, mixed alignments with NaN), the cuda_ipc
 # transport with 2, 3 and 4 ranks sharing the one GPU (tests/test_gpu_ipc.py: every
 # primitive x dtype x op against numpy, one-shot / two-shot / ring bit-identical on
-# every rank, graph capture refused, an abort reaching a spinning wait kernel), its
+# every rank, graph capture refused, an abort reaching a spinning wait kernel; and
+# tests/test_torch_backend_cuda.py: CUDA tensors through the torch backend, 1 and 2
+# ranks, stream semantics), its
 # figures (scripts/ipc_bench.py: the reduction kernels' throughput against the
 # device-to-device copy of the same run, target 85%; one-shot all_reduce latency
 # 8 B..256 KiB next to NCCL at world size 1 and the ring over cuda_ipc), optionally
@@ -297,7 +299,8 @@ pytest_step gpu_tests "$([ $QUICK = 1 ] && echo 100 || echo 150)" $((SWEEP_NEED 
 pytest_step gpu_checks "$([ $QUICK = 1 ] && echo 100 || echo 150)" $((SWEEP_NEED + IPC_NEED)) tests/test_gpu_checks.py
 
 # ---- cuda_ipc: ranks sharing the one GPU, then its figures ---------------------------
-pytest_step gpu_ipc "$([ $QUICK = 1 ] && echo 60 || echo 100)" $((SWEEP_NEED + IPC_NEED / 3)) tests/test_gpu_ipc.py
+pytest_step gpu_ipc "$([ $QUICK = 1 ] && echo 100 || echo 160)" $((SWEEP_NEED + IPC_NEED / 3)) tests/test_gpu_ipc.py \
+  tests/test_torch_backend_cuda.py
 if [ $GPU = 0 ] || [ $BUILT = 0 ]; then
   note SKIP ipc_bench "no GPU / no build"
 else
