@@ -25,6 +25,7 @@ void bind_communicator(py::module_& m) {
       .def_readwrite("transport", &Config::transport)
       .def_readwrite("pull", &Config::pull)
       .def_readwrite("pull_min_bytes", &Config::pull_min_bytes)
+      .def_readwrite("p2p_unexpected_bytes", &Config::p2p_unexpected_bytes)
       .def_readwrite("check_agreement", &Config::check_agreement)
       .def_readwrite("cost_model", &Config::cost_model)
       .def_readwrite("ring_order", &Config::ring_order)
@@ -53,7 +54,10 @@ void bind_communicator(py::module_& m) {
       .def("error_message", &Work::error_message)
       .def("is_timeout", [](Work& w) { return w.error_kind() == Work::ErrorKind::kTimeout; })
       .def("is_mismatch", [](Work& w) { return w.error_kind() == Work::ErrorKind::kMismatch; })
-      .def_property_readonly("what", &Work::what);
+      .def_property_readonly("what", &Work::what)
+      .def_property_readonly("source", &Work::source);
+
+  m.attr("ANY_SOURCE") = kAnySource;
 
   using C = Communicator;
   py::class_<C>(m, "Communicator")
@@ -155,22 +159,25 @@ void bind_communicator(py::module_& m) {
         }
         return finish(std::move(w), py::make_tuple(out, in));
       })
-      .def("send", [](C& c, py::handle x, int dst, bool async) {
+      .def("send", [](C& c, py::handle x, int dst, int64_t tag, bool async) {
         Buffer b = buffer_from_python(x, "tensor", false);
         std::shared_ptr<Work> w;
         {
           ReleaseGil r;
-          w = c.send(b, dst, async);
+          w = c.send(b, dst, tag, async);
         }
         return finish(std::move(w), py::make_tuple(x));
       })
-      .def("recv", [](C& c, py::handle x, int src, bool async) {
+      // A synchronous recv returns the rank the message came from.
+      .def("recv", [](C& c, py::handle x, int src, int64_t tag, bool async) -> py::object {
         Buffer b = buffer_from_python(x, "tensor", true);
         std::shared_ptr<Work> w;
+        int source = -1;
         {
           ReleaseGil r;
-          w = c.recv(b, src, async);
+          w = c.recv(b, src, tag, async, &source);
         }
+        if (!w) return py::int_(source);
         return finish(std::move(w), py::make_tuple(x));
       })
       .def("sendrecv", [](C& c, py::handle send, int dst, py::handle recv, int src) {
