@@ -462,7 +462,7 @@ std::shared_ptr<Work> Communicator::recv(Buffer x, int src, int64_t tag, bool as
   require_present(x, "tensor", "recv");
   if (src != kAnySource) check_peer(src, "src");
   if (src == kAnySource && world_ == 1) {
-    throw ValueError("recv from any source: a communicator of world size 1 has no other rank to receive from");
+    throw ValueError("recv: src=ANY_SOURCE (any source) on a communicator of world size 1: there is no other rank to receive from");
   }
   return submit(p2p_call(x, src, tag, false), async, source);
 }
