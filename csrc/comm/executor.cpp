@@ -218,7 +218,7 @@ const char* state_name(uint8_t state) {
 
 std::string record_text(const CallRecordView& r) {
   std::string s = r.p2p == 1   ? "send to rank " + std::to_string(r.peer)
-                  : r.p2p == 2 ? "recv from rank " + std::to_string(r.peer)
+                  : r.p2p == 2 ? (r.peer < 0 ? std::string("recv from any rank") : "recv from rank " + std::to_string(r.peer))
                                : std::string(op_kind_name(static_cast<OpKind>(r.kind)));
   return s + " (seq " + std::to_string(r.seq) + "), " + state_name(r.state);
 }
