@@ -155,6 +155,23 @@ def _matching_cases(comm):
         check("both ways, irecvs first", all(np.array_equal(xs[t], expect[t]) for t in sizes),
               str({t: xs[t][:2] for t in xs}))
 
+    # A message sent before collectives and received after them: the
+    # collectives move it out of their way (held), small and > FIFO.
+    for n in (N, 3 * MIB // 4):
+        w = comm.isend(_msg(60, n), 1, tag=61) if r == 0 else None
+        comm.barrier()
+        y = np.ones(4, np.float32)
+        comm.all_reduce(y)  # the small one-shot path
+        z = np.ones(1 << 16, np.float32)
+        comm.all_reduce(z)  # the general path
+        check(f"collectives with a message in flight ({n} elements)", y[0] == ws and z[-1] == ws, f"{y[0]} {z[-1]}")
+        if r == 1:
+            x = np.zeros(n, np.float32)
+            comm.recv(x, 0, tag=61)
+            check(f"message received after collectives ({n} elements)", np.array_equal(x, _msg(60, n)), str(x[:2]))
+        if w is not None:
+            w.wait(timeout=60)
+
     # sendrecv (tag 0) still pairs with the peers' sendrecv.
     if ws >= 2:
         x = np.zeros(N, np.float32)

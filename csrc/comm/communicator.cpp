@@ -64,6 +64,7 @@ Communicator::Communicator(int rank, int world, Config config)
       matcher_(rank, world, &router_, config_.p2p_unexpected_bytes) {
   schedule_.reserve(1024);
   p2p_group_.reserve(64);
+  executor_.set_p2p_absorb([this](int peer) { return matcher_.absorb(peer); });
   for (int i = 0; i < world_; ++i) ring_order_[i] = i;
   set_topology(std::vector<int>(world_, 0));
 }

@@ -123,6 +123,11 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     if (in) {
       h = in->recv_peek(&payload);
       if (!h) break;
+      if (absorbed_p2p(*s.tag, s.recv_peer, *h, &moved)) {
+        if (!moved) break;
+        moved = false;  // the collective's own data may be next
+        continue;
+      }
       check_header(*s.tag, s.recv_peer, p.segment, *h, n);
     }
     char* slot_ptr = nullptr;

@@ -97,7 +97,7 @@ void Communicator::run_small_all_reduce(const Buffer& x, const MsgTag& tag, cons
       if (small_in_[p]) continue;
       const char* payload = nullptr;
       const MsgHeader* h = router_.link(p)->recv_peek(&payload);
-      if (!h) continue;
+      if (!h || executor_.absorbed_p2p(tag, p, *h, &moved)) continue;
       executor_.check_header(tag, p, 0, *h, bytes);
       small_in_[p] = payload;
       ++got;

@@ -28,10 +28,10 @@
 // Unexpected messages. While a receive waits, the matcher reads the FIFOs
 // it may be matched from (its source, or every peer) and moves messages
 // nobody has posted a receive for yet out of the way, into `held` (per
-// peer, in arrival order; a pull message is held as its address only, its
-// bytes stay with the sender). The FIFO is never blocked by a message of
-// another tag, so no receive order deadlocks while the held bytes stay
-// under the cap: Config::p2p_unexpected_bytes (RINGCOMM_P2P_UNEXPECTED_MB,
+// peer, in arrival order; a pull message is read at once into held memory
+// and acknowledged, so its sender never waits for a receive posted later).
+// The FIFO is never blocked by a message of another tag, so no receive
+// order deadlocks while the held bytes stay under the cap: Config::p2p_unexpected_bytes (RINGCOMM_P2P_UNEXPECTED_MB,
 // default 256 MiB) for all peers together, counting 64 bytes per held
 // message besides its payload. A message that does not fit stays in the
 // FIFO (its sender then waits once the FIFO is full) and a receive that
@@ -41,7 +41,12 @@
 // came before their receive and could not go straight into it).
 //
 // The matcher only reads p2p segments: a collective's segment at the head
-// of a FIFO (a peer that went on to the next collective) stays there.
+// of a FIFO (a peer that went on to the next collective) stays there. The
+// other way round, a collective that finds a p2p message at the head of a
+// FIFO (the peer sent it before the collective; this rank receives it
+// after) hands it to the matcher (absorb), which holds it: as on gloo, a
+// message may wait across collectives for its recv. No receive is posted
+// while a collective runs (send/recv groups end before collectives start).
 #include "comm/p2p_match.h"
 
 #include <algorithm>
@@ -208,9 +213,7 @@ void P2pMatcher::take_held(P2pOp& op, int p, Peer& peer, std::list<Held>::iterat
   op.matched = true;
   op.source = p;
   op.got_tag = it->tag;
-  if (it->pull) {
-    pull_into(op, p, it->addr, it->seq);
-  } else {
+  {
     const bool arriving = peer.in_active && peer.in_held == &*it;
     const size_t have = arriving ? peer.in_done : it->nbytes;
     if (have) std::memcpy(op.buf, it->data.data(), have);
@@ -222,7 +225,7 @@ void P2pMatcher::take_held(P2pOp& op, int p, Peer& peer, std::list<Held>::iterat
       op.complete = true;
     }
   }
-  held_bytes_ -= (it->pull ? 0 : it->nbytes) + kHeldOverhead;
+  held_bytes_ -= it->nbytes + kHeldOverhead;
   peer.held.erase(it);
   for (Peer& q : peers_) q.blocked = false;
 }
@@ -284,12 +287,12 @@ bool P2pMatcher::push_sends(int p, Peer& peer) {
   return moved;
 }
 
-bool P2pMatcher::pull_receive(int p, Peer& peer) {
+bool P2pMatcher::pull_receive(int p, Peer& peer, bool hold_all) {
   Link* link = transport_->link(p);
   bool moved = false;
   // Only while a receive may want what comes next: a peer that closed after
   // its last message must not fail a rank that has all it needs.
-  while (peer.in_active || peer.named > 0 || any_posted_ > 0) {
+  while (hold_all || peer.in_active || peer.named > 0 || any_posted_ > 0) {
     const char* payload = nullptr;
     const MsgHeader* h = link->recv_peek(&payload);
     if (!h || h->tag.kind != static_cast<uint8_t>(OpKind::kSend)) return moved;  // nothing, or a collective's
@@ -324,7 +327,7 @@ bool P2pMatcher::pull_receive(int p, Peer& peer) {
         peer.in_op = op;
         peer.in_held = nullptr;
       } else {
-        const size_t cost = (is_pull ? 0 : total) + kHeldOverhead;
+        const size_t cost = total + kHeldOverhead;
         if (cost > cap_ - std::min(cap_, held_bytes_)) {
           peer.blocked = true;
           return moved;
@@ -336,18 +339,22 @@ bool P2pMatcher::pull_receive(int p, Peer& peer) {
         m.count = t.count;
         m.seq = t.seq;
         m.nbytes = total;
-        m.pull = is_pull;
         m.arrival = ++arrivals_;
         held_bytes_ += cost;
+        m.data.resize(total);
         if (is_pull) {
-          std::memcpy(&m.addr, payload, sizeof m.addr);
-          m.complete = true;
+          // Read now, not when its recv comes: the sender waits for the
+          // acknowledgement, perhaps before a call the recv comes after.
+          uint64_t addr;
+          std::memcpy(&addr, payload, sizeof addr);
           link->recv_release();
+          if (total) link->read_remote(m.data.data(), addr, total);
+          link->ack_pull(t.seq);
+          m.complete = true;
           peer.last_seq = t.seq;
           moved = true;
           continue;
         }
-        m.data.resize(total);
         peer.in_op = nullptr;
         peer.in_held = &m;
       }

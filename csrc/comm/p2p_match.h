@@ -59,6 +59,12 @@ class P2pMatcher {
   // anything moved. Throws MismatchError for a matched send and receive of
   // different sizes, Error for a malformed stream.
   bool progress();
+  // A collective found peer p's message at the head of p's FIFO (p sent
+  // it before this collective, its recv comes later): moves what has
+  // arrived of it (and of the messages after it) into the held messages.
+  // Returns whether anything moved (false: nothing more has arrived, or the
+  // limit on held messages is reached).
+  bool absorb(int p) { return pull_receive(p, peers_[p], true); }
   // Returns an operation (complete or abandoned after an error) to the pool.
   void finish(P2pOp* op);
   // After an error: every operation is dropped (the communicator is poisoned).
@@ -74,9 +80,7 @@ class P2pMatcher {
     uint64_t count = 0;
     uint64_t seq = 0;
     size_t nbytes = 0;
-    bool pull = false;
-    uint64_t addr = 0;  // pull: where it lies in the sender
-    std::vector<char> data;  // eager: the bytes received so far
+    std::vector<char> data;  // the bytes received so far
     bool complete = false;
     uint64_t arrival = 0;
   };
@@ -98,7 +102,7 @@ class P2pMatcher {
   };
 
   bool push_sends(int p, Peer& peer);
-  bool pull_receive(int p, Peer& peer);
+  bool pull_receive(int p, Peer& peer, bool hold_all = false);
   P2pOp* match_posted(int p, int64_t tag);
   void check_sizes(const P2pOp& op, int src, uint8_t dtype, uint64_t count, int64_t tag) const;
   void take_held(P2pOp& op, int p, Peer& peer, std::list<Held>::iterator it);
