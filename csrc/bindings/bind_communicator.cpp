@@ -1,6 +1,6 @@
 // Communicator, Config and Work. Buffers are read with the GIL held, then the
-// GIL is released for the whole native call (and for Work.wait). all_reduce
-// is bound in bind_fast_calls.cpp.
+// GIL is released for the whole native call (and for Work.wait). all_reduce,
+// send and recv are bound in bind_fast_calls.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -159,27 +159,7 @@ void bind_communicator(py::module_& m) {
         }
         return finish(std::move(w), py::make_tuple(out, in));
       })
-      .def("send", [](C& c, py::handle x, int dst, int64_t tag, bool async) {
-        Buffer b = buffer_from_python(x, "tensor", false);
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.send(b, dst, tag, async);
-        }
-        return finish(std::move(w), py::make_tuple(x));
-      })
-      // A synchronous recv returns the rank the message came from.
-      .def("recv", [](C& c, py::handle x, int src, int64_t tag, bool async) -> py::object {
-        Buffer b = buffer_from_python(x, "tensor", true);
-        std::shared_ptr<Work> w;
-        int source = -1;
-        {
-          ReleaseGil r;
-          w = c.recv(b, src, tag, async, &source);
-        }
-        if (!w) return py::int_(source);
-        return finish(std::move(w), py::make_tuple(x));
-      })
+      // send and recv are bound in bind_fast_calls.cpp.
       .def("sendrecv", [](C& c, py::handle send, int dst, py::handle recv, int src) {
         Buffer s = buffer_from_python(send, "send_tensor", false);
         Buffer r = buffer_from_python(recv, "recv_tensor", true);

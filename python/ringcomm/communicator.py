@@ -22,9 +22,14 @@ _OP_VALUE = {op: int(op) for op in ReduceOp}
 ANY_SOURCE = _C.ANY_SOURCE
 
 
+_TAG_MIN, _TAG_MAX = -(2**63), 2**63 - 1
+
+
 def _tag(tag):
-    """A send/recv tag: any 64-bit signed integer."""
-    return validate.index(tag, "tag", -(2**63), 2**63 - 1)
+    """A send/recv tag: any 64-bit signed integer (a plain int passes with one look)."""
+    if type(tag) is int and _TAG_MIN <= tag <= _TAG_MAX:
+        return tag
+    return validate.index(tag, "tag", _TAG_MIN, _TAG_MAX)
 
 
 def _gpu_default_tag(tag, what):
