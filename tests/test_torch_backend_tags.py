@@ -234,6 +234,11 @@ def test_tags_match_gloo(world_size):
     harness.assert_no_failures(harness.run_ranks(_everything, world_size, init=False, hard_timeout=240))
 
 
+def test_tags_match_gloo_over_tcp():
+    harness.assert_no_failures(harness.run_ranks(_everything, 3, init=False, env={"RINGCOMM_TRANSPORT": "tcp"},
+                                                 hard_timeout=240))
+
+
 TIMEOUT = 8.0
 
 

@@ -8,7 +8,8 @@
 // index. Small and mid-sized messages are eager: the payload follows in the
 // segments. A large one where the ranks can read each other's memory
 // (pull, size >= pull_min_bytes) sends one 8-byte segment, its buffer's
-// address: the receiver reads it when a receive matches and acknowledges the
+// address: the receiver reads it straight into the matching receive (or,
+// when none is posted yet, into held memory, below) and acknowledges the
 // message number through the pair's `pulled` counter. A rank has at most one
 // pull send waiting per peer (so that "the highest acknowledged number"
 // says which one was read); a second large send to that peer meanwhile goes
@@ -31,9 +32,10 @@
 // peer, in arrival order; a pull message is read at once into held memory
 // and acknowledged, so its sender never waits for a receive posted later).
 // The FIFO is never blocked by a message of another tag, so no receive
-// order deadlocks while the held bytes stay under the cap: Config::p2p_unexpected_bytes (RINGCOMM_P2P_UNEXPECTED_MB,
-// default 256 MiB) for all peers together, counting 64 bytes per held
-// message besides its payload. A message that does not fit stays in the
+// order deadlocks while the held bytes stay under the cap,
+// Config::p2p_unexpected_bytes (RINGCOMM_P2P_UNEXPECTED_MB, default
+// 256 MiB), for all peers together, counting 64 bytes per held message
+// besides its payload. A message that does not fit stays in the
 // FIFO (its sender then waits once the FIFO is full) and a receive that
 // needs what lies behind it times out naming the limit. Held messages live
 // as long as the communicator; a message is held at most until its receive
