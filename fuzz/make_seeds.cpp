@@ -143,7 +143,7 @@ void handshakes() {
     write("handshake", "bad-secret" + name, head + wrong);
     write("handshake", "bad-secret-http" + name, head + "GET / HTTP/1.0\r\n\r\n" + std::string(64, 'x'));
     const uint64_t magic = 0x32706374676e6972ULL;
-    const uint32_t version = 2, frame_bytes = 40, nslots = static_cast<uint32_t>(me.nslots) + 1;
+    const uint32_t version = tcp::kWireVersion + 1, frame_bytes = 40, nslots = static_cast<uint32_t>(me.nslots) + 1;
     const int32_t out_of_range = me.world, self = me.rank, minus = -1, world = me.world + 1;
     const int32_t other_to = (me.rank + 1) % me.world;
     const uint64_t slot_bytes = me.slot_bytes + 64, huge = ~0ULL;

@@ -212,7 +212,7 @@ def _socket_to(addr, port):
 
 def _frame(kind, nbytes, payload_offset=0):
     """A frame header as wire.h lays it out (the tag left zero)."""
-    return struct.pack("<IB3xIIQ", 0x46434E52, kind, nbytes, payload_offset, 0) + bytes(24)
+    return struct.pack("<IB3xIIQ", 0x46434E52, kind, nbytes, payload_offset, 0) + bytes(32)
 
 
 def _truncate(s):
