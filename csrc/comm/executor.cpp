@@ -123,10 +123,11 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     if (in) {
       h = in->recv_peek(&payload);
       if (!h) break;
-      if (absorbed_p2p(*s.tag, s.recv_peer, *h, &moved)) {
-        if (!moved) break;
-        moved = false;  // the collective's own data may be next
-        continue;
+      bool absorbed = false;
+      if (absorbed_p2p(*s.tag, s.recv_peer, *h, &absorbed)) {
+        if (!absorbed) break;  // the rest of that message has not arrived (or cannot be held yet)
+        moved = true;
+        continue;  // the collective's own data may be next
       }
       check_header(*s.tag, s.recv_peer, p.segment, *h, n);
     }
