@@ -493,7 +493,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         for t in tensors:
             buf = as_movable(staging.output(t))
             calls.append(lambda a, b=buf: self._comm.recv(b, src, async_op=a, tag=tag))
-        work = self._launch(calls, tensors, staging, True, "recv", tensors)
+        # Profiler events are named as gloo's: "recv", "recvAnySource".
+        work = self._launch(calls, tensors, staging, True, "recv" if src is not None else "recvAnySource", tensors)
         # The sender, once the message is in (torch's recv asks _source_rank()).
         work._set_source(src if src is not None else (lambda w=work: w._works[0].source_rank()))
         return work
