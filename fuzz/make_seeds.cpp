@@ -98,7 +98,7 @@ void frames() {
   write("frame", "ok-status", d + tcp::status_query() + tcp::status_report(coll, p2p) + good_status_tail());
   write("frame", "ok-tiny-slot-full", std::string(1, slot_index(64)) + data(segment(64, 0), 4095));
   write("frame", "ok-odd-slot", std::string(1, slot_index(4160)) + data(segment(4160, 3), 4095));
-  write("frame", "more-truncated-payload", d + data(segment(1000, 0), 0).substr(0, 48 + 10));
+  write("frame", "more-truncated-payload", d + data(segment(1000, 0), 0).substr(0, sizeof(tcp::FrameHeader) + 10));
 
   const std::string good = data(segment(16, 0), 100);
   const uint32_t bad_magic = 0x46434e53, big = static_cast<uint32_t>(def + 1), off = 4096, huge = 0xffffffffu;
@@ -143,7 +143,7 @@ void handshakes() {
     write("handshake", "bad-secret" + name, head + wrong);
     write("handshake", "bad-secret-http" + name, head + "GET / HTTP/1.0\r\n\r\n" + std::string(64, 'x'));
     const uint64_t magic = 0x32706374676e6972ULL;
-    const uint32_t version = 2, frame_bytes = 40, nslots = static_cast<uint32_t>(me.nslots) + 1;
+    const uint32_t version = tcp::kWireVersion + 1, frame_bytes = 40, nslots = static_cast<uint32_t>(me.nslots) + 1;
     const int32_t out_of_range = me.world, self = me.rank, minus = -1, world = me.world + 1;
     const int32_t other_to = (me.rank + 1) % me.world;
     const uint64_t slot_bytes = me.slot_bytes + 64, huge = ~0ULL;

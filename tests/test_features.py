@@ -464,7 +464,7 @@ def section_bad_inputs(comm, fail):
         ("send: dst=world_size", lambda: R.send(f32(4), ws, comm=comm), ("dst",)),
         ("send: dst=-1", lambda: comm.send(f32(4), -1), ("dst",)),
         ("recv: src=world_size", lambda: R.recv(f32(4), ws, comm=comm), ("src",)),
-        ("recv: src=-1", lambda: comm.recv(f32(4), -1), ("src",)),
+        ("recv: src=-2 (-1 is ANY_SOURCE)", lambda: comm.recv(f32(4), -2), ("src",)),
         ("split: rank out of range", lambda: comm.split(ranks=[0, ws]), ("ranks",)),
         ("split: duplicate ranks", lambda: comm.split(ranks=[0, 0]), ("ranks",)),
     ]

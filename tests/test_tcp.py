@@ -124,7 +124,7 @@ def _knock(infos, fails):
     Returns a connection that says nothing (checked later)."""
     host, port = infos[0]["tcp"][0], int(infos[0]["tcp"][1])
     secret = bytes.fromhex(infos[0]["secret"])
-    hello_from_rank5 = struct.pack("<QIIiiiIQ", 0x31706374676E6972, 1, 48, 5, 0, 2, 4, 131072)
+    hello_from_rank5 = struct.pack("<QIIiiiIQ", 0x31706374676E6972, 2, 56, 5, 0, 2, 4, 131072)
     attempts = {
         "wrong secret": os.urandom(32) + b"x" * 200,
         "wrong secret, then a valid greeting": bytes(32) + hello_from_rank5,
@@ -212,7 +212,7 @@ def _socket_to(addr, port):
 
 def _frame(kind, nbytes, payload_offset=0):
     """A frame header as wire.h lays it out (the tag left zero)."""
-    return struct.pack("<IB3xIIQ", 0x46434E52, kind, nbytes, payload_offset, 0) + bytes(24)
+    return struct.pack("<IB3xIIQ", 0x46434E52, kind, nbytes, payload_offset, 0) + bytes(32)
 
 
 def _truncate(s):

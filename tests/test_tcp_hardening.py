@@ -45,12 +45,12 @@ IDLE_BEFORE = 100    # while they do
 LATE_PEERS_S = 0.5   # how much later than rank 0 the other ranks start
 
 
-def _hello(frm, to, world, nslots=16, slot_bytes=128 * 1024, magic=HELLO_MAGIC, version=1, frame_bytes=48):
+def _hello(frm, to, world, nslots=16, slot_bytes=128 * 1024, magic=HELLO_MAGIC, version=2, frame_bytes=56):
     return struct.pack("<QIIiiiIQ", magic, version, frame_bytes, frm, to, world, nslots, slot_bytes)
 
 
 def _frame(kind, nbytes, payload_offset=0):
-    return struct.pack("<IB3xIIQ", 0x46434E52, kind, nbytes, payload_offset, 0) + bytes(24)
+    return struct.pack("<IB3xIIQ", 0x46434E52, kind, nbytes, payload_offset, 0) + bytes(32)
 
 
 def _wait_file(path, timeout):

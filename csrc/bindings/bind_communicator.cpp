@@ -1,6 +1,6 @@
 // Communicator, Config and Work. Buffers are read with the GIL held, then the
-// GIL is released for the whole native call (and for Work.wait). all_reduce
-// is bound in bind_fast_calls.cpp.
+// GIL is released for the whole native call (and for Work.wait). all_reduce,
+// send and recv are bound in bind_fast_calls.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -25,6 +25,7 @@ void bind_communicator(py::module_& m) {
       .def_readwrite("transport", &Config::transport)
       .def_readwrite("pull", &Config::pull)
       .def_readwrite("pull_min_bytes", &Config::pull_min_bytes)
+      .def_readwrite("p2p_unexpected_bytes", &Config::p2p_unexpected_bytes)
       .def_readwrite("check_agreement", &Config::check_agreement)
       .def_readwrite("cost_model", &Config::cost_model)
       .def_readwrite("ring_order", &Config::ring_order)
@@ -53,7 +54,10 @@ void bind_communicator(py::module_& m) {
       .def("error_message", &Work::error_message)
       .def("is_timeout", [](Work& w) { return w.error_kind() == Work::ErrorKind::kTimeout; })
       .def("is_mismatch", [](Work& w) { return w.error_kind() == Work::ErrorKind::kMismatch; })
-      .def_property_readonly("what", &Work::what);
+      .def_property_readonly("what", &Work::what)
+      .def_property_readonly("source", &Work::source);
+
+  m.attr("ANY_SOURCE") = kAnySource;
 
   using C = Communicator;
   py::class_<C>(m, "Communicator")
@@ -155,24 +159,7 @@ void bind_communicator(py::module_& m) {
         }
         return finish(std::move(w), py::make_tuple(out, in));
       })
-      .def("send", [](C& c, py::handle x, int dst, bool async) {
-        Buffer b = buffer_from_python(x, "tensor", false);
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.send(b, dst, async);
-        }
-        return finish(std::move(w), py::make_tuple(x));
-      })
-      .def("recv", [](C& c, py::handle x, int src, bool async) {
-        Buffer b = buffer_from_python(x, "tensor", true);
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.recv(b, src, async);
-        }
-        return finish(std::move(w), py::make_tuple(x));
-      })
+      // send and recv are bound in bind_fast_calls.cpp.
       .def("sendrecv", [](C& c, py::handle send, int dst, py::handle recv, int src) {
         Buffer s = buffer_from_python(send, "send_tensor", false);
         Buffer r = buffer_from_python(recv, "recv_tensor", true);

@@ -1,4 +1,4 @@
-// Communicator.all_reduce as a plain CPython method (METH_FASTCALL).
+// Communicator.all_reduce, send and recv as plain CPython methods (METH_FASTCALL).
 //
 // A small all_reduce takes about a microsecond; pybind11's generic dispatch
 // (an argument tuple, a function_call record, casters looked up by type)
@@ -7,6 +7,9 @@
 // Python passes, allocates nothing on the synchronous path, and translates
 // errors exactly as pybind11 does (bind_errors.cpp).
 #include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
 
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
@@ -44,9 +47,71 @@ PyObject* all_reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
+long long int_arg(PyObject* o) {
+  const long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
+int int32_arg(PyObject* o, const char* name) {
+  const long long v = int_arg(o);
+  if (v < INT32_MIN || v > INT32_MAX) throw ValueError(std::string(name) + " " + std::to_string(v) + " is out of range");
+  return static_cast<int>(v);
+}
+
+// send/recv: the ping-pong's calls (a 4-byte message takes about a microsecond).
+PyObject* send(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 4) throw TypeError("Communicator.send(tensor, dst, tag, async_op) takes 4 arguments");
+    Communicator& c = self_of(self);
+    Buffer b = buffer_from_python(args[0], "tensor", false);
+    const int dst = int32_arg(args[1], "dst");
+    const long long tag = int_arg(args[2]);
+    const int async = PyObject_IsTrue(args[3]);
+    if (async < 0) throw py::error_already_set();
+    std::shared_ptr<Work> w;
+    {
+      ReleaseGil r;
+      w = c.send(b, dst, tag, async != 0);
+    }
+    if (!w) Py_RETURN_NONE;
+    return finish(std::move(w), py::make_tuple(py::handle(args[0]))).release().ptr();
+  } catch (...) {
+    return raise_current_exception();
+  }
+}
+
+// A synchronous recv returns the rank the message came from.
+PyObject* recv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    if (nargs != 4) throw TypeError("Communicator.recv(tensor, src, tag, async_op) takes 4 arguments");
+    Communicator& c = self_of(self);
+    Buffer b = buffer_from_python(args[0], "tensor", true);
+    const int src = int32_arg(args[1], "src");
+    const long long tag = int_arg(args[2]);
+    const int async = PyObject_IsTrue(args[3]);
+    if (async < 0) throw py::error_already_set();
+    std::shared_ptr<Work> w;
+    int source = -1;
+    {
+      ReleaseGil r;
+      w = c.recv(b, src, tag, async != 0, &source);
+    }
+    if (!w) return PyLong_FromLong(source);
+    return finish(std::move(w), py::make_tuple(py::handle(args[0]))).release().ptr();
+  } catch (...) {
+    return raise_current_exception();
+  }
+}
+
 PyMethodDef methods[] = {
     {"all_reduce", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(all_reduce)), METH_FASTCALL,
      "all_reduce(tensor, op, async_op): reduces tensor in place on every rank; a Work when async_op"},
+    {"send", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(send)), METH_FASTCALL,
+     "send(tensor, dst, tag, async_op): sends tensor to dst; a Work when async_op"},
+    {"recv", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(recv)), METH_FASTCALL,
+     "recv(tensor, src, tag, async_op): receives the oldest message from src (ANY_SOURCE: any rank) with tag; "
+     "the source rank, or a Work when async_op"},
 };
 
 }  // namespace

@@ -85,9 +85,9 @@ std::vector<double> Communicator::measure_links(int intra_peer, int inter_peer, 
       const double t0 = now();
       for (int pass = 0; pass < 2; ++pass) {
         if ((pass == 0) == first) {
-          for (int i = 0; i < m; ++i) send(t, peer, false);
+          for (int i = 0; i < m; ++i) send(t, peer, 0, false);
         } else {
-          for (int i = 0; i < m; ++i) recv(ti, peer, false);
+          for (int i = 0; i < m; ++i) recv(ti, peer, 0, false);
         }
       }
       return now() - t0;

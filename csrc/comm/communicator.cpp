@@ -60,12 +60,20 @@ Communicator::Communicator(int rank, int world, Config config)
       ring_order_(world),
       model_(Topology{}, default_cost_params(), ModelLimits{}),
       send_seq_(world),
-      recv_seq_(world) {
+      recv_seq_(world),
+      matcher_(rank, world, &router_, config_.p2p_unexpected_bytes) {
   schedule_.reserve(1024);
+  p2p_group_.reserve(64);
+  executor_.set_p2p_absorb([this](int peer) { return matcher_.absorb(peer); });
   for (int i = 0; i < world_; ++i) ring_order_[i] = i;
   set_topology(std::vector<int>(world_, 0));
-  // Small send/recv go through the FIFOs unless pulls are forced (plan_p2p).
-  small_p2p_ = !algos_.forces_pull_everywhere && config_.slot_bytes < config_.pull_min_bytes;
+}
+
+// Large sends pull where every rank can (the sender picks the form of each
+// message, the receiver follows it: comm/p2p_match.cpp).
+void Communicator::set_pull(bool on) {
+  pull_ok_ = on && config_.pull;
+  matcher_.set_pull(pull_ok_, algos_.forces_pull_everywhere ? 0 : config_.pull_min_bytes);
 }
 
 namespace {
@@ -433,25 +441,31 @@ std::shared_ptr<Work> Communicator::all_to_all(Buffer out, Buffer in, bool async
   return submit(std::move(c), async);
 }
 
-std::shared_ptr<Work> Communicator::send(Buffer x, int dst, bool async) {
+Communicator::Call Communicator::p2p_call(const Buffer& x, int peer, int64_t tag, bool is_send) {
+  Call c = collective(OpKind::kSend, x.dtype, x.count, is_send ? "send" : "recv");
+  c.a = x;
+  c.root = peer;
+  c.is_send = is_send;
+  c.p2p_tag = tag;
+  c.tag.p2p_tag = tag;
+  return c;
+}
+
+std::shared_ptr<Work> Communicator::send(Buffer x, int dst, int64_t tag, bool async) {
   Inside inside(inside_);
   require_present(x, "tensor", "send");
   check_peer(dst, "dst");
-  Call c = collective(OpKind::kSend, x.dtype, x.count, "send");
-  c.a = x;
-  c.root = dst;
-  c.is_send = true;
-  return submit(std::move(c), async);
+  return submit(p2p_call(x, dst, tag, true), async);
 }
 
-std::shared_ptr<Work> Communicator::recv(Buffer x, int src, bool async) {
+std::shared_ptr<Work> Communicator::recv(Buffer x, int src, int64_t tag, bool async, int* source) {
   Inside inside(inside_);
   require_present(x, "tensor", "recv");
-  check_peer(src, "src");
-  Call c = collective(OpKind::kSend, x.dtype, x.count, "recv");
-  c.a = x;
-  c.root = src;
-  return submit(std::move(c), async);
+  if (src != kAnySource) check_peer(src, "src");
+  if (src == kAnySource && world_ == 1) {
+    throw ValueError("recv: src=ANY_SOURCE (any source) on a communicator of world size 1: there is no other rank to receive from");
+  }
+  return submit(p2p_call(x, src, tag, false), async, source);
 }
 
 std::shared_ptr<Work> Communicator::barrier(bool async) {
@@ -466,8 +480,11 @@ void Communicator::assign_seq(Call& call) {
   check_thread(call.name.c_str());
   call.issuer = issuer_;
   if (call.kind == OpKind::kSend) {
-    call.tag.seq = ++(call.is_send ? send_seq_ : recv_seq_)[call.root];
-    call.name += std::string(call.is_send ? " to rank " : " from rank ") + std::to_string(call.root);
+    call.tag.seq = call.root == kAnySource ? ++any_recv_seq_ : ++(call.is_send ? send_seq_ : recv_seq_)[call.root];
+    call.name += call.root == kAnySource ? std::string(" from any rank")
+                                         : std::string(call.is_send ? " to rank " : " from rank ") +
+                                               std::to_string(call.root);
+    if (call.p2p_tag != 0) call.name += " (tag " + std::to_string(call.p2p_tag) + ")";
   } else {
     call.tag.seq = ++seq_;
   }
@@ -515,6 +532,7 @@ CallInfo Communicator::info_of(const Call& c) const {
   CallInfo info{c.name, c.tag.seq, rank_, config_.timeout_s};
   info.kind = static_cast<int>(c.kind);
   info.p2p_peer = c.kind == OpKind::kSend ? c.root : -1;
+  if (c.kind == OpKind::kSend && c.root == kAnySource) info.kind = -1;  // no one peer to ask
   return info;
 }
 
@@ -556,28 +574,36 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
   require_present(recv_buf, "recv_tensor", "sendrecv");
   check_peer(dst, "dst");
   check_peer(src, "src");
-  if (small_sendrecv(send_buf, dst, recv_buf, src)) return;
-  Call s = collective(OpKind::kSend, send_buf.dtype, send_buf.count, "send");
-  s.a = send_buf;
-  s.root = dst;
-  s.is_send = true;
-  Call r = collective(OpKind::kSend, recv_buf.dtype, recv_buf.count, "recv");
-  r.a = recv_buf;
-  r.root = src;
+  P2pMember m[2];
+  m[0].call = p2p_call(send_buf, dst, 0, true);
+  m[1].call = p2p_call(recv_buf, src, 0, false);
   std::unique_lock<std::mutex> lk(mu_);
   check_usable();
-  assign_seq(s);
-  assign_seq(r);
-  // Both join one send/recv group (see execute_p2p), run by this thread
-  // through wait() unless the worker gets there first.
-  auto ws = enqueue(std::move(s), lk, false);
+  assign_seq(m[0].call);
+  assign_seq(m[1].call);
+  if (queue_.empty() && !running_) {
+    // Both run in this thread as one group (the latency path).
+    running_ = true;
+    running_name_ = "sendrecv";
+    lk.unlock();
+    Work ws(m[0].call.name), wr(m[1].call.name);
+    m[0].work = &ws;
+    m[1].work = &wr;
+    execute_p2p(m, 2, false);
+    release_inline();
+    ws.rethrow();
+    wr.rethrow();
+    return;
+  }
+  // Behind queued calls: both join the worker's send/recv group.
+  auto ws = enqueue(std::move(m[0].call), lk, true);
   lk.lock();
-  auto wr = enqueue(std::move(r), lk, false);
+  auto wr = enqueue(std::move(m[1].call), lk, true);
   ws->wait(-1);
   wr->wait(-1);
 }
 
-std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
+std::shared_ptr<Work> Communicator::submit(Call call, bool async, int* source) {
   std::unique_lock<std::mutex> lk(mu_);
   check_usable();
   assign_seq(call);
@@ -587,14 +613,23 @@ std::shared_ptr<Work> Communicator::submit(Call call, bool async) {
     running_name_ = call.name;
     lk.unlock();
     Work work(call.name);
-    execute(call, work);
+    if (call.kind == OpKind::kSend) {
+      P2pMember m;
+      m.call = std::move(call);
+      m.work = &work;
+      execute_p2p(&m, 1, false);
+    } else {
+      execute(call, work);
+    }
     release_inline();
     work.rethrow();
+    if (source) *source = work.source();
     return nullptr;
   }
   auto work = enqueue(std::move(call), lk, async);
   if (async) return work;
   work->wait(-1);
+  if (source) *source = work->source();
   return nullptr;
 }
 
@@ -606,7 +641,11 @@ void Communicator::run_front(std::unique_lock<std::mutex>& lk) {
   running_name_ = item.first.name + " (seq " + std::to_string(item.first.tag.seq) + ")";
   lk.unlock();
   if (item.first.kind == OpKind::kSend) {
-    execute_p2p(std::move(item));
+    P2pMember m;
+    m.call = std::move(item.first);
+    m.work = item.second.get();
+    m.keep = std::move(item.second);
+    execute_p2p(&m, 1, true);
   } else {
     execute(item.first, *item.second);
   }
@@ -667,13 +706,9 @@ void Communicator::plan(Call& c) {
   }
   const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
   schedule_.clear();
-  if (c.kind == OpKind::kSend || c.kind == OpKind::kBarrier) {
+  if (c.kind == OpKind::kBarrier) {
     c.tag.algo = kFamilyFifo;
-    if (c.kind == OpKind::kSend) {
-      plan_p2p(c, ctx);
-    } else {
-      dissemination_barrier(ctx);
-    }
+    dissemination_barrier(ctx);
     return;
   }
   CallPlan call;
@@ -761,25 +796,6 @@ void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, cons
   }
 }
 
-// One send or recv; the pull form (single copy) for large messages, where it
-// was measured ~10% faster (both ends decide alike: they must agree on count
-// and dtype anyway).
-void Communicator::plan_p2p(Call& c, const PlanContext& ctx) {
-  const bool pull = pull_ok_ && (algos_.forces_pull_everywhere || c.a.nbytes() >= config_.pull_min_bytes);
-  c.tag.algo = pull ? kFamilyPull : kFamilyFifo;
-  if (c.is_send) {
-    if (pull) {
-      pull_send(ctx, c.root, c.a.ptr);
-    } else {
-      p2p_send(ctx, c.root, c.a.ptr, c.a.nbytes());
-    }
-  } else if (pull) {
-    pull_recv(ctx, c.root, c.a.ptr, c.a.nbytes());
-  } else {
-    p2p_recv(ctx, c.root, c.a.ptr, c.a.nbytes());
-  }
-}
-
 void Communicator::execute(Call& c, Work& work) {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -827,89 +843,105 @@ void Communicator::fail(const std::string& message) {
   if (!released_) router_.announce_abort("rank " + std::to_string(rank_) + ": " + message);
 }
 
-// Consecutive queued send/recv calls run as one group whose steps progress
+// Consecutive send/recv calls run as one group whose operations progress
 // together, as isend/irecv do in torch.distributed: a large isend never
 // blocks the irecv issued after it (which would deadlock two ranks that
-// exchange). Calls queued while the group runs join it; the group ends when
-// every member is done and the next queued call (if any) is a collective, so
-// issue order between collectives and point-to-point calls is kept.
-void Communicator::execute_p2p(Item first) {
-  struct Member {
-    Item item;
-    size_t begin = 0, end = 0;  // its steps in schedule_
-    Clock::time_point deadline;
-    CallInfo info;
-    bool done = false;
-    std::vector<uint64_t> addrs;  // pull form: published addresses of this call
-  };
-  std::deque<Member> members;  // deque: stable addresses for the tags
-  schedule_.clear();
+// exchange). Calls queued while the group runs join it (`take_queued`: the
+// worker's groups); the group ends when every member is done and the next
+// queued call (if any) is a collective, so issue order between collectives
+// and point-to-point calls is kept. Matching (tags, any source) and the
+// messages held between groups are the matcher's (comm/p2p_match.cpp).
+void Communicator::post_p2p(P2pMember& m) {
+  Call& c = m.call;
+  m.deadline = deadline_from_now();
+  record(c, CallState::kRunning);
+  const uint8_t dtype = static_cast<uint8_t>(c.a.dtype);
+  m.op = c.is_send ? matcher_.post_send(c.a.ptr, c.a.nbytes(), dtype, c.a.count, c.root, c.p2p_tag, c.tag.seq)
+                   : matcher_.post_recv(c.a.ptr, c.a.nbytes(), dtype, c.a.count, c.root, c.p2p_tag, c.tag.seq);
+}
+
+void Communicator::execute_p2p(P2pMember* first, size_t n, bool take_queued) {
+  std::vector<P2pMember>& group = p2p_group_;
+  group.clear();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_.empty()) {
+      for (size_t i = 0; i < n; ++i) {
+        first[i].work->fail(Work::ErrorKind::kError, "ringcomm: " + first[i].call.name +
+                                                         " was not run: the communicator failed earlier (" + error_ + ")");
+      }
+      return;
+    }
+  }
+  // The deadline and the timeout's words are those of the oldest unfinished member.
+  size_t ndone = 0, oldest = 0, described = SIZE_MAX;
   Clock::time_point deadline;
   CallInfo info;
-  auto add = [&](Item item) {
-    members.emplace_back();  // filled in place (an aggregate temporary trips GCC 12's -Wmaybe-uninitialized)
-    Member& m = members.back();
-    m.item = std::move(item);
-    m.begin = schedule_.size();
-    m.deadline = deadline_from_now();
-    m.addrs.assign(world_, 0);
-    Call& c = m.item.first;
-    m.info = info_of(c);
-    record(c, CallState::kRunning);
-    PlanContext ctx{rank_, world_, dtype_size(c.a.dtype), 1, &c.tag, &schedule_, m.addrs.data()};
-    plan_p2p(c, ctx);
-    m.end = schedule_.size();
-  };
-  // Completes finished members, takes newly queued send/recv calls, and
-  // points the deadline at the oldest unfinished member.
-  std::function<bool()> refill = [&] {
-    bool changed = false;
-    for (Member& m : members) {
-      if (m.done) continue;
-      bool all = true;
-      for (size_t i = m.begin; i < m.end && all; ++i) all = executor_.step_complete(i);
-      if (all) {
-        m.done = true;
-        record(m.item.first, CallState::kFinished);
-        m.item.second->complete();
-        changed = true;
-      }
+  auto point_at_oldest = [&] {
+    while (oldest < group.size() && group[oldest].done) ++oldest;
+    if (oldest < group.size() && described != oldest) {
+      described = oldest;
+      deadline = group[oldest].deadline;
+      info = info_of(group[oldest].call);
     }
-    {
+  };
+  // Completes finished members, takes newly queued send/recv calls.
+  auto step = [&] {
+    bool moved = matcher_.progress();
+    for (P2pMember& m : group) {
+      if (m.done || !m.op->complete) continue;
+      m.done = true;
+      ++ndone;
+      record(m.call, CallState::kFinished);
+      if (!m.call.is_send) m.work->set_source(m.op->source);
+      matcher_.finish(m.op);
+      m.op = nullptr;
+      m.work->complete();
+      moved = true;
+    }
+    if (take_queued) {
       std::lock_guard<std::mutex> lk(mu_);
       while (!queue_.empty() && queue_.front().first.kind == OpKind::kSend) {
-        add(std::move(queue_.front()));
+        group.emplace_back();
+        P2pMember& m = group.back();
+        m.call = std::move(queue_.front().first);
+        m.keep = std::move(queue_.front().second);
+        m.work = m.keep.get();
         queue_.pop_front();
-        changed = true;
+        post_p2p(m);
+        moved = true;
       }
     }
-    for (Member& m : members) {
-      if (!m.done) {
-        deadline = m.deadline;
-        info = m.info;
-        break;
-      }
-    }
-    return changed;
+    if (moved) point_at_oldest();
+    return moved;
   };
-  add(std::move(first));
-  deadline = members.front().deadline;
-  info = members.front().info;
   try {
-    // run() returns after a refill that found every member complete.
-    executor_.set_streaming(false);  // per step: a receive is one step
-    executor_.run(schedule_, nullptr, deadline, info, &refill);
+    for (size_t i = 0; i < n; ++i) {
+      group.push_back(std::move(first[i]));
+      post_p2p(group.back());
+    }
+    point_at_oldest();
+    executor_.drive(step, [&] { return ndone == group.size(); }, deadline, info, [&] {
+      const P2pMember& m = group[oldest];
+      executor_.throw_timeout(info, matcher_.waiting_text(*m.op));
+    });
+    group.clear();
     return;
   } catch (const std::exception& e) {
     fail(e.what());
     const Work::ErrorKind kind = error_kind_of(e);
-    for (Member& m : members) {
+    for (P2pMember& m : group) {
       if (!m.done) {
-        record(m.item.first, CallState::kFailed);
-        m.item.second->fail(kind, e.what());
+        record(m.call, CallState::kFailed);
+        m.work->fail(kind, e.what());
       }
     }
+    matcher_.reset();
+    for (P2pMember& m : group) matcher_.finish(m.op);
+    // Members not posted yet (the error came while posting).
+    for (size_t i = group.size(); i < n; ++i) first[i].work->fail(kind, e.what());
   }
+  group.clear();
 }
 
 void Communicator::close() {

@@ -22,6 +22,7 @@
 #include "comm/cost_model.h"
 #include "comm/describe.h"
 #include "comm/executor.h"
+#include "comm/p2p_match.h"
 #include "comm/work.h"
 #include "transport/router.h"
 #include "transport/shm/shm_transport.h"
@@ -40,6 +41,9 @@ struct Config {
   size_t oneshot_max_bytes = 64 * 1024;  // auto: one-shot all_reduce up to this size
   bool pull = true;                     // single-copy pull schedules where the OS allows
   size_t pull_min_bytes = 16 << 20;     // send/recv of at least this size pull
+  // Bytes of messages received before their recv was posted that this rank
+  // holds, all peers together (comm/p2p_match.cpp).
+  size_t p2p_unexpected_bytes = size_t{256} << 20;
   double timeout_s = 300.0;
   std::string transport = "auto";       // bootstrap: auto (TCP to other hosts) | shm | tcp (every peer)
   // Rooted calls (broadcast, reduce, scatter, gather) first check that all
@@ -89,7 +93,7 @@ class Communicator {
   // Whether this rank can read every peer's memory (cross-memory attach);
   // all ranks must then agree (set_pull) before pull schedules are used.
   bool probe_pull() { return shm_->probe_remote_read() && router_.can_read_remote(); }
-  void set_pull(bool on) { pull_ok_ = on && config_.pull; }
+  void set_pull(bool on);
   // More ranks than cores on this host: spinning only delays the peer that
   // should run, so waits yield at once (set before the first call).
   void set_wait_policy(WaitPolicy policy) { executor_.set_policy(policy); }
@@ -128,11 +132,15 @@ class Communicator {
   std::shared_ptr<Work> scatter(Buffer out, Buffer in, int src, bool async);
   std::shared_ptr<Work> gather(Buffer out, Buffer in, int dst, bool async);
   std::shared_ptr<Work> all_to_all(Buffer out, Buffer in, bool async);
-  std::shared_ptr<Work> send(Buffer x, int dst, bool async);
-  std::shared_ptr<Work> recv(Buffer x, int src, bool async);
+  // Point to point, matched by (source, tag) as in MPI (comm/p2p_match.cpp).
+  // recv's src may be kAnySource; a synchronous recv stores the rank the
+  // message came from in *source (when given), an asynchronous one in its
+  // Work (Work::source).
+  std::shared_ptr<Work> send(Buffer x, int dst, int64_t tag, bool async);
+  std::shared_ptr<Work> recv(Buffer x, int src, int64_t tag, bool async, int* source = nullptr);
   std::shared_ptr<Work> barrier(bool async);
   // Sends to dst and receives from src at once (both progress together, as
-  // in a batch_isend_irecv of two); returns when both are done.
+  // in a batch_isend_irecv of two); returns when both are done. Tag 0.
   void sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src);
 
   // Releases the communicator; safe from any thread and idempotent. Calls
@@ -158,20 +166,20 @@ class Communicator {
     ReduceOp redop = ReduceOp::kSum;
     bool reduces = false;
     Reducer reducer{};  // chosen (and checked) when the call is validated
-    int root = -1;  // root, or the peer of send/recv
+    int root = -1;  // root, or the peer of send/recv (kAnySource: a recv from any)
     bool is_send = false;
+    int64_t p2p_tag = 0;
     Buffer a, b;    // a: in-place buffer or output, b: input
     std::string name;
   };
 
   using Item = std::pair<Call, std::shared_ptr<Work>>;
 
-  std::shared_ptr<Work> submit(Call call, bool async);
+  std::shared_ptr<Work> submit(Call call, bool async, int* source = nullptr);
   // The latency paths of small synchronous calls (comm/latency_path.cpp).
   // They return false, having done nothing, when the call must take the general path.
   bool small_all_reduce(const Buffer& x, ReduceOp op, const Reducer& reducer);
   void run_small_all_reduce(const Buffer& x, const MsgTag& tag, const Reducer& reducer, bool avg);
-  bool small_sendrecv(const Buffer& send_buf, int dst, const Buffer& recv_buf, int src);
   // A call run inline by the calling thread: claim_inline takes the
   // communicator (numbering the call with `number`, under the lock) unless
   // calls are queued or running, in which case the call must queue behind
@@ -182,12 +190,22 @@ class Communicator {
   void release_inline();
   template <class Body>
   void run_claimed(Body&& body);
-  void run_small_sendrecv(const Buffer& send_buf, int dst, const MsgTag& out, const Buffer& recv_buf, int src,
-                          const MsgTag& in);
   void assign_seq(Call& call);
   std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify);
   void execute(Call& call, Work& work);
-  void execute_p2p(Item first);
+  // A send/recv group (see communicator.cpp): `first` are its first members
+  // (a call and the Work it completes, `keep` owning it when queued).
+  struct P2pMember {
+    Call call;
+    Work* work = nullptr;
+    std::shared_ptr<Work> keep;
+    P2pOp* op = nullptr;
+    Clock::time_point deadline;
+    bool done = false;
+  };
+  void execute_p2p(P2pMember* first, size_t n, bool take_queued);
+  void post_p2p(P2pMember& m);
+  Call p2p_call(const Buffer& x, int peer, int64_t tag, bool is_send);
   void fail(const std::string& message);
   Clock::time_point deadline_from_now() const;
   void plan(Call& call);
@@ -195,7 +213,6 @@ class Communicator {
   Algo resolve_algo(OpKind kind, size_t model_bytes) const;
   // The model over topo_ with `params` (a copy: it may be model_'s own).
   void rebuild_model(CostParams params);
-  void plan_p2p(Call& call, const PlanContext& ctx);
   void worker_loop();
   void run_front(std::unique_lock<std::mutex>& lk);
   void help(const Work* work);
@@ -235,7 +252,6 @@ class Communicator {
   std::vector<const char*> small_in_;  // small all_reduce: the inputs, by rank
   bool small_path_ = false;            // small all_reduce: on (the algorithm allows one-shot) ...
   size_t small_max_bytes_ = 0;         // ... up to this size (one segment)
-  bool small_p2p_ = false;             // small sendrecv (unless every send/recv must pull)
   std::vector<uint64_t> addrs_;  // pull schedules: published buffer addresses
   std::vector<int> ring_order_;  // position -> rank (identity by default)
   int ring_pos_ = 0;
@@ -262,7 +278,10 @@ class Communicator {
   std::thread worker_;
   std::string error_;
   uint64_t seq_ = 0;
-  std::vector<uint64_t> send_seq_, recv_seq_;
+  std::vector<uint64_t> send_seq_, recv_seq_;  // messages sent to / recv calls naming each peer
+  uint64_t any_recv_seq_ = 0;                  // recv calls from any source
+  P2pMatcher matcher_;                         // (the thread running calls) send/recv matching
+  std::vector<P2pMember> p2p_group_;           // the running send/recv group (reused)
 };
 
 }  // namespace ringcomm

@@ -46,6 +46,7 @@ std::string describe_tag(const MsgTag& t) {
     s += t.redop < kNumReduceOps ? reduce_op_name(static_cast<ReduceOp>(t.redop)) : "?";
   }
   if (t.root >= 0) s += ", root " + std::to_string(t.root);
+  if (static_cast<OpKind>(t.kind) == OpKind::kSend) s += ", tag " + std::to_string(t.p2p_tag);
   if (t.algo == 1) s += ", ring";
   if (t.algo == 2) s += ", oneshot";
   if (t.algo == 3) s += ", pull";

@@ -123,6 +123,12 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     if (in) {
       h = in->recv_peek(&payload);
       if (!h) break;
+      bool absorbed = false;
+      if (absorbed_p2p(*s.tag, s.recv_peer, *h, &absorbed)) {
+        if (!absorbed) break;  // the rest of that message has not arrived (or cannot be held yet)
+        moved = true;
+        continue;  // the collective's own data may be next
+      }
       check_header(*s.tag, s.recv_peer, p.segment, *h, n);
     }
     char* slot_ptr = nullptr;
@@ -218,7 +224,7 @@ const char* state_name(uint8_t state) {
 
 std::string record_text(const CallRecordView& r) {
   std::string s = r.p2p == 1   ? "send to rank " + std::to_string(r.peer)
-                  : r.p2p == 2 ? "recv from rank " + std::to_string(r.peer)
+                  : r.p2p == 2 ? (r.peer < 0 ? std::string("recv from any rank") : "recv from rank " + std::to_string(r.peer))
                                : std::string(op_kind_name(static_cast<OpKind>(r.kind)));
   return s + " (seq " + std::to_string(r.seq) + "), " + state_name(r.state);
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "algo/step.h"
+#include "comm/describe.h"
 #include "comm/step_order.h"
 #include "ringcomm/interrupt.h"
 #include "ringcomm/reducer.h"
@@ -46,6 +47,17 @@ class Executor {
   // received is copied out around the caches (ringcomm/copy.h); each step of
   // at least kStreamingCopyMinBytes is anyway.
   void set_streaming(bool on) { streaming_ = on; }
+  // Called when a collective's receive finds a point-to-point message at the
+  // head of peer p's FIFO (comm/p2p_match.cpp): it must take what has
+  // arrived of it out of the way; returns whether anything moved.
+  void set_p2p_absorb(std::function<bool(int)> absorb) { absorb_ = std::move(absorb); }
+  // The same for callers that read FIFOs themselves (the latency paths):
+  // whether `h` from `peer` was a point-to-point message, handed over.
+  bool absorbed_p2p(const MsgTag& expect, int peer, const MsgHeader& h, bool* moved) {
+    if (h.tag.kind != kP2pKind || expect.kind == kP2pKind || !absorb_) return false;
+    if (absorb_(peer)) *moved = true;
+    return true;
+  }
 
   // Runs `steps` to completion. Throws TimeoutError (naming the op, sequence
   // number, this rank and the peer waited for) or Error (mismatched headers,
@@ -97,6 +109,8 @@ class Executor {
   void periodic_checks(Clock::time_point now, bool waiting);
   [[noreturn]] void rethrow_peer_lost(const PeerLostError& e) const;
 
+  static constexpr uint8_t kP2pKind = static_cast<uint8_t>(OpKind::kSend);
+  std::function<bool(int)> absorb_;
   Transport* transport_;
   int rank_;
   int world_;

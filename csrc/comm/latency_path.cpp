@@ -1,4 +1,5 @@
-// The latency paths of small synchronous calls: all_reduce and sendrecv.
+// The latency path of small synchronous all_reduce calls (send/recv run
+// inline through the matcher: comm/p2p_match.cpp).
 //
 // all_reduce runs the one-shot schedule (algo/direct.cpp: every rank sends its input
 // to every peer and folds all inputs in rank order, so every rank gets the
@@ -6,9 +7,7 @@
 // one lock, peers' inputs reduced where they lie in this rank's inbox. Its
 // messages are exactly those of the one-shot schedule for a message of one
 // segment, so a rank on this path and a rank on the general path (one that
-// has asynchronous calls queued, say) run the same call together. sendrecv
-// likewise sends and receives one segment each, the messages of a send and a
-// recv call (algo/direct.cpp's p2p schedules).
+// has asynchronous calls queued, say) run the same call together.
 #include <algorithm>
 #include <cstring>
 
@@ -98,7 +97,7 @@ void Communicator::run_small_all_reduce(const Buffer& x, const MsgTag& tag, cons
       if (small_in_[p]) continue;
       const char* payload = nullptr;
       const MsgHeader* h = router_.link(p)->recv_peek(&payload);
-      if (!h) continue;
+      if (!h || executor_.absorbed_p2p(tag, p, *h, &moved)) continue;
       executor_.check_header(tag, p, 0, *h, bytes);
       small_in_[p] = payload;
       ++got;
@@ -139,75 +138,6 @@ void Communicator::run_small_all_reduce(const Buffer& x, const MsgTag& tag, cons
   for (int p = 2; p < n; ++p) reducer.fn(x.ptr, x.ptr, small_in_[p], x.count);
   if (avg) reducer.divide(x.ptr, x.count, n);
   for (int i = 1; i < n; ++i) router_.link((r - i + n) % n)->recv_release();
-}
-
-bool Communicator::small_sendrecv(const Buffer& send_buf, int dst, const Buffer& recv_buf, int src) {
-  if (!small_p2p_ || send_buf.nbytes() > config_.slot_bytes || recv_buf.nbytes() > config_.slot_bytes) {
-    return false;
-  }
-  MsgTag out, in;
-  if (!claim_inline([&] {
-        out.seq = ++send_seq_[dst];
-        in.seq = ++recv_seq_[src];
-      })) {
-    return false;
-  }
-  // The tags send() and recv() would give these messages (algo/direct.cpp).
-  out.kind = in.kind = static_cast<uint8_t>(OpKind::kSend);
-  out.dtype = static_cast<uint8_t>(send_buf.dtype);
-  in.dtype = static_cast<uint8_t>(recv_buf.dtype);
-  out.redop = in.redop = 0xff;
-  out.algo = in.algo = kFamilyFifo;
-  out.count = send_buf.count;
-  in.count = recv_buf.count;
-  run_claimed([&] { run_small_sendrecv(send_buf, dst, out, recv_buf, src, in); });
-  return true;
-}
-
-void Communicator::run_small_sendrecv(const Buffer& send_buf, int dst, const MsgTag& out, const Buffer& recv_buf,
-                                      int src, const MsgTag& in) {
-  const size_t sbytes = send_buf.nbytes(), rbytes = recv_buf.nbytes();
-  Link* to = router_.link(dst);
-  Link* from = router_.link(src);
-  bool sent = false, got = false;
-  auto step = [&] {
-    bool moved = false;
-    if (!sent) {
-      char* slot = to->send_slot(page_offset(send_buf.ptr));
-      if (slot) {
-        if (sbytes) std::memcpy(slot, send_buf.ptr, sbytes);
-        MsgHeader h;
-        h.tag = out;
-        h.nbytes = static_cast<uint32_t>(sbytes);
-        h.segment = 0;
-        to->send_commit(h);
-        sent = moved = true;
-      }
-    }
-    if (!got) {
-      const char* payload = nullptr;
-      if (const MsgHeader* h = from->recv_peek(&payload)) {
-        executor_.check_header(in, src, 0, *h, rbytes);
-        if (rbytes) std::memcpy(recv_buf.ptr, payload, rbytes);
-        from->recv_release();
-        got = moved = true;
-      }
-    }
-    return moved;
-  };
-  CallInfo info{"sendrecv", in.seq, rank_, config_.timeout_s};
-  info.kind = static_cast<int>(OpKind::kSend);
-  info.p2p_peer = src;
-  auto timeout = [&] {
-    const std::string secs = seconds_text(config_.timeout_s);
-    const std::string what = !got ? "waiting for data from rank " + std::to_string(src)
-                                  : "waiting for rank " + std::to_string(dst) + " to take data";
-    throw TimeoutError("ringcomm: sendrecv (send seq " + std::to_string(out.seq) + " to rank " +
-                       std::to_string(dst) + ", recv seq " + std::to_string(in.seq) + " from rank " +
-                       std::to_string(src) + ") on rank " + std::to_string(rank_) + ": Timed out after " + secs +
-                       " s " + what + " (did the peers call it?)");
-  };
-  executor_.drive(step, [&] { return sent && got; }, deadline_from_now(), info, timeout);
 }
 
 }  // namespace ringcomm

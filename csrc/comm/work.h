@@ -37,6 +37,9 @@ class Work {
   std::string error_message();
   ErrorKind error_kind();
   const std::string& what() const { return what_; }
+  // A recv: the rank its message came from (set before it completes); -1 otherwise.
+  void set_source(int rank) { source_.store(rank, std::memory_order_relaxed); }
+  int source() const { return source_.load(std::memory_order_relaxed); }
   // Throws the stored error (Error, TimeoutError, MismatchError) if the operation failed.
   void rethrow();
 
@@ -49,6 +52,7 @@ class Work {
   std::condition_variable cv_;
   std::atomic<State> state_{State::kPending};
   ErrorKind kind_ = ErrorKind::kNone;
+  std::atomic<int> source_{-1};
   std::string message_;
 };
 

@@ -27,9 +27,10 @@ struct MsgTag {
   int32_t root = -1;   // root / dst / src of the call, -1 when none
   uint64_t seq = 0;
   uint64_t count = 0;  // element count that defines the call (same on all ranks)
+  int64_t p2p_tag = 0;  // send/recv: the user's tag (comm/p2p_match.cpp); 0 otherwise
   bool operator==(const MsgTag& o) const {
     return kind == o.kind && dtype == o.dtype && redop == o.redop && algo == o.algo && root == o.root &&
-           seq == o.seq && count == o.count;
+           seq == o.seq && count == o.count && p2p_tag == o.p2p_tag;
   }
 };
 

@@ -26,7 +26,7 @@ from ringcomm.collectives import (
     send,
     sendrecv,
 )
-from ringcomm.communicator import Communicator
+from ringcomm.communicator import ANY_SOURCE, Communicator
 from ringcomm.errors import CollectiveMismatchError, RingcommError, TimeoutError
 from ringcomm.reduce_op import ReduceOp
 from ringcomm.work import Work
@@ -34,6 +34,7 @@ from ringcomm.work import Work
 __version__ = "0.1.0"
 
 __all__ = [
+    "ANY_SOURCE",
     "CollectiveMismatchError",
     "Communicator",
     "ReduceOp",

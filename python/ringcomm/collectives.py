@@ -156,12 +156,13 @@ def all_to_all(output, input, comm=None, async_op=False):
     return _comm(comm).all_to_all(output, input, async_op)
 
 
-def send(tensor, dst, comm=None, async_op=False):
-    return _comm(comm).send(tensor, dst, async_op)
+def send(tensor, dst, comm=None, async_op=False, tag=0):
+    return _comm(comm).send(tensor, dst, async_op, tag=tag)
 
 
-def recv(tensor, src, comm=None, async_op=False):
-    return _comm(comm).recv(tensor, src, async_op)
+def recv(tensor, src=None, comm=None, async_op=False, tag=0):
+    """Returns the rank the message came from (a Work with async_op)."""
+    return _comm(comm).recv(tensor, src, async_op, tag=tag)
 
 
 def sendrecv(send_tensor, dst, recv_tensor, src, comm=None):

@@ -18,6 +18,25 @@ from ringcomm.work import Work
 
 _OP_VALUE = {op: int(op) for op in ReduceOp}
 
+# recv(src=ANY_SOURCE) (or src=None) takes a message from any rank.
+ANY_SOURCE = _C.ANY_SOURCE
+
+
+_TAG_MIN, _TAG_MAX = -(2**63), 2**63 - 1
+
+
+def _tag(tag):
+    """A send/recv tag: any 64-bit signed integer (a plain int passes with one look)."""
+    if type(tag) is int and _TAG_MIN <= tag <= _TAG_MAX:
+        return tag
+    return validate.index(tag, "tag", _TAG_MIN, _TAG_MAX)
+
+
+def _gpu_default_tag(tag, what):
+    if tag != 0:
+        raise ValueError(f"{what}: tags are not supported for GPU buffers (NCCL matches in issue order); "
+                         f"got tag {tag}")
+
 # What each rank publishes in the store at init, checked like socket data
 # (validate.record): a malformed record is a RingcommError naming its rank.
 _CENSUS_SCHEMA = {
@@ -354,25 +373,38 @@ class Communicator:
                 pass
         return self._gpu().all_to_all(output, input, async_op, stream, algo)
 
-    def send(self, tensor, dst, async_op=False, stream=None):
-        """Sends tensor to rank dst (async_op=True: isend)."""
+    def send(self, tensor, dst, async_op=False, stream=None, tag=0):
+        """Sends tensor to rank dst (async_op=True: isend). The receiver's
+        recv with the same tag (or any recv from any source with that tag)
+        takes it; messages of one tag arrive in the order they were sent."""
+        tag = _tag(tag)
         if stream is None:
             try:
-                w = self._c().send(tensor, validate.index(dst, "dst", 0, self._world_size - 1), async_op)
+                w = self._c().send(tensor, validate.index(dst, "dst", 0, self._world_size - 1), tag, async_op)
                 return w if w is None else self._track(w, tensor)
             except _DeviceBuffer:
                 pass
+        _gpu_default_tag(tag, "send")
         return self._gpu().send(tensor, dst, async_op, stream, None)
 
-    def recv(self, tensor, src, async_op=False, stream=None):
-        """Receives into tensor from rank src (async_op=True: irecv)."""
+    def recv(self, tensor, src=None, async_op=False, stream=None, tag=0):
+        """Receives into tensor the oldest message from rank src with `tag`
+        (src None or ringcomm.ANY_SOURCE: from any rank). Returns the rank the
+        message came from; with async_op=True (irecv) a Work whose
+        source_rank() says it once complete."""
+        tag = _tag(tag)
+        src = ANY_SOURCE if src is None else validate.index(src, "src", ANY_SOURCE, self._world_size - 1)
         if stream is None:
             try:
-                w = self._c().recv(tensor, validate.index(src, "src", 0, self._world_size - 1), async_op)
-                return w if w is None else self._track(w, tensor)
+                w = self._c().recv(tensor, src, tag, async_op)
+                return w if isinstance(w, int) else self._track(w, tensor)
             except _DeviceBuffer:
                 pass
-        return self._gpu().recv(tensor, src, async_op, stream, None)
+        _gpu_default_tag(tag, "recv")
+        if src == ANY_SOURCE:
+            raise ValueError("recv from any source: not supported for GPU buffers; pass src")
+        w = self._gpu().recv(tensor, src, async_op, stream, None)
+        return src if w is None else w
 
     def gpu_transport(self, device):
         """What this communicator's calls on CUDA device `device` run over: "nccl" or
@@ -403,11 +435,11 @@ class Communicator:
                 pass
         self._gpu().sendrecv(send_tensor, dst, recv_tensor, src, stream)
 
-    def isend(self, tensor, dst):
-        return self.send(tensor, dst, async_op=True)
+    def isend(self, tensor, dst, tag=0):
+        return self.send(tensor, dst, async_op=True, tag=tag)
 
-    def irecv(self, tensor, src):
-        return self.recv(tensor, src, async_op=True)
+    def irecv(self, tensor, src=None, tag=0):
+        return self.recv(tensor, src, async_op=True, tag=tag)
 
     def barrier(self, async_op=False):
         """Returns once every rank has entered the barrier."""

@@ -12,6 +12,8 @@ RINGCOMM_ALGO              auto | one name, forced for every op that has it: rin
                            op:name,... per op (e.g. all_reduce:recursive_doubling,broadcast:tree)
 RINGCOMM_PULL              0 disables single-copy pulls (default 1; 0 or 1)
 RINGCOMM_PULL_MIN_BYTES    send/recv of at least this size pull (default 16 MiB; 0 to 2**63 - 1)
+RINGCOMM_P2P_UNEXPECTED_MB MiB of messages received before their recv was posted (another tag's, say)
+                           a rank holds, all peers together (default 256; 0 to 2**40)
 RINGCOMM_ONESHOT_MAX_BYTES auto: largest all_reduce done one-shot (default 65536; 0 to 1 GiB)
 RINGCOMM_SLOT_BYTES        bytes per pipelined segment (default 131072; a multiple of 64, 64 to 1 GiB)
 RINGCOMM_SLOTS             segments in flight per peer (default 16; 3 to 4096)
@@ -168,6 +170,8 @@ def make_config(timeout=None, algo=None, transport=None):
     cfg.oneshot_max_bytes = _env_int("RINGCOMM_ONESHOT_MAX_BYTES", cfg.oneshot_max_bytes, 0, MAX_ONESHOT_BYTES)
     cfg.pull = _env_int("RINGCOMM_PULL", 1, 0, 1) == 1
     cfg.pull_min_bytes = _env_int("RINGCOMM_PULL_MIN_BYTES", cfg.pull_min_bytes, 0, MAX_PULL_MIN_BYTES)
+    cfg.p2p_unexpected_bytes = _env_int("RINGCOMM_P2P_UNEXPECTED_MB", cfg.p2p_unexpected_bytes >> 20, 0,
+                                        1 << 40) << 20
     cfg.slot_bytes = _env_int("RINGCOMM_SLOT_BYTES", cfg.slot_bytes, 64, MAX_SLOT_BYTES)
     if cfg.slot_bytes % 64:
         raise ValueError(f"environment variable RINGCOMM_SLOT_BYTES must be a multiple of 64 between 64 and "

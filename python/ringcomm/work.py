@@ -57,6 +57,11 @@ class Work:
             return TimeoutError(msg)
         return (CollectiveMismatchError if self._native.is_mismatch() else RingcommError)(msg)
 
+    def source_rank(self):
+        """A recv's: the rank its message came from (-1 before it completed,
+        and for other operations)."""
+        return getattr(self._native, "source", -1) if self._native.is_completed() else -1
+
     def __repr__(self):
         state = "completed" if self.is_completed() else "pending"
         return f"<ringcomm.Work {self._native.what} {state}>"

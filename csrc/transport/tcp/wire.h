@@ -32,7 +32,7 @@ namespace tcp {
 
 constexpr size_t kSecretBytes = 32;
 constexpr uint64_t kHelloMagic = 0x31706374676e6972ULL;  // "ringtcp1" (little endian)
-constexpr uint32_t kWireVersion = 1;
+constexpr uint32_t kWireVersion = 2;  // 2: MsgTag carries the send/recv tag
 constexpr uint32_t kFrameMagic = 0x46434e52;  // "RNCF"
 constexpr uint32_t kMaxReasonBytes = 1024;    // ABORT payload, at most
 constexpr uint32_t kMaxPayloadOffset = 4095;  // DATA payload starts within one page
@@ -60,7 +60,7 @@ struct FrameHeader {
   uint64_t segment = 0;
   MsgTag tag;
 };
-static_assert(sizeof(FrameHeader) == 48, "FrameHeader is part of the wire format");
+static_assert(sizeof(FrameHeader) == 56, "FrameHeader is part of the wire format");
 
 // Empty when `h` is a Hello that rank `me` of a `world`-rank communicator
 // (with this geometry) accepts from `expect_from` (-1: any rank); otherwise

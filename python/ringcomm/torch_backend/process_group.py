@@ -466,26 +466,38 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         return calls
 
     # -- point to point -------------------------------------------------------
-    # Messages between two ranks are matched in issue order; tags are accepted
-    # and not used for matching.
+    # A recv takes the oldest message from its source (recv_anysource: from
+    # any rank) sent with its tag, as on gloo; ringcomm matches natively
+    # (csrc/comm/p2p_match.cpp). torch's blocking send/recv are isend/irecv
+    # plus wait(), so these always issue asynchronously.
     def send(self, tensors, dstRank, tag=0):
         staging, calls = Staging(), []
         tensors = _as_list(tensors)
         for t in tensors:
             buf = as_movable(staging.dense(t))
-            calls.append(lambda a, b=buf: self._comm.send(b, int(dstRank), async_op=a))
+            calls.append(lambda a, b=buf: self._comm.send(b, int(dstRank), async_op=a, tag=tag))
         return self._launch(calls, tensors, staging, True, "send", tensors)
 
     def recv(self, tensors, srcRank, tag=0):
+        return self._recv(tensors, int(srcRank), tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        tensors = _as_list(tensors)
+        if len(tensors) != 1:
+            raise ValueError(f"ringcomm recv from any source: expected one tensor, got {len(tensors)}")
+        return self._recv(tensors, None, tag)
+
+    def _recv(self, tensors, src, tag):
         staging, calls = Staging(), []
         tensors = _as_list(tensors)
         for t in tensors:
             buf = as_movable(staging.output(t))
-            calls.append(lambda a, b=buf: self._comm.recv(b, int(srcRank), async_op=a))
-        return self._launch(calls, tensors, staging, True, "recv", tensors)
-
-    def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("ringcomm: recv from any source is not supported; pass src= to recv/irecv")
+            calls.append(lambda a, b=buf: self._comm.recv(b, src, async_op=a, tag=tag))
+        # Profiler events are named as gloo's: "recv", "recvAnySource".
+        work = self._launch(calls, tensors, staging, True, "recv" if src is not None else "recvAnySource", tensors)
+        # The sender, once the message is in (torch's recv asks _source_rank()).
+        work._set_source(src if src is not None else (lambda w=work: w._works[0].source_rank()))
+        return work
 
     # -- synchronisation ------------------------------------------------------
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):

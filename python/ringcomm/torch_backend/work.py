@@ -49,6 +49,7 @@ class RingcommWork(dist._Work):
         self._watched = False
         self._record = None  # a profiler record, ended by the Completer (see profile())
         self._record_ended = None
+        self._source = None  # a recv's source rank, or a callable giving it once complete
         if not self._works:
             self._settle()
 
@@ -170,9 +171,19 @@ class RingcommWork(dist._Work):
     def result(self):
         return self._result
 
+    def _set_source(self, source):
+        self._source = source
+
     def source_rank(self):
-        raise RuntimeError("ringcomm: source_rank() is only defined for recv from any source, "
-                           "which the ringcomm backend does not offer")
+        """A recv's: the group rank the message came from (waits for it)."""
+        if self._source is None:
+            raise RuntimeError("ringcomm: source_rank() may only be called on the Work of a recv")
+        if callable(self._source):
+            self.wait()
+            return self._source()
+        return self._source
+
+    _source_rank = source_rank
 
 
 class StreamEvent:
