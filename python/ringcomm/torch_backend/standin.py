@@ -28,9 +28,9 @@ class GlooStandIn(ProcessGroupRingcomm):
         self.options = types.SimpleNamespace(global_ranks_in_group=None, group_name=None, _timeout=timeout)
         self._profiling_name = "gloo"  # the name torch knows the group by, as its profiler events say
 
-    def getBackendName(self):
-        # What pg.name() and DDP's logging report: the name the group stands in for.
-        return "gloo"
+    # pg.name() stays "ringcomm": reporting "gloo" there makes DDP's C++ logger
+    # look up a gloo backend under the group ("Could not find backend type 1"),
+    # so torch's test_ddp_logging_data_cpu, which expects "gloo", cannot pass here.
 
 
 def install_as_gloo():
