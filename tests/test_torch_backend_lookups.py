@@ -228,6 +228,52 @@ def _timeouts(c, rank, ws):
     dist.barrier()
 
 
+def _async_save(c, rank, ws):
+    """torch.distributed.checkpoint.async_save needs a CPU backend in the group."""
+    import os
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = os.path.join(tempfile.gettempdir(), f"ringcomm-dcp-{harness.context().store.add('dcp', 0)}-{ws}")
+    objs = [ckpt if rank == 0 else None]
+    dist.broadcast_object_list(objs, 0)
+    ckpt = objs[0]
+    state = {"w": torch.arange(6, dtype=torch.float32), "b": torch.full((2,), 7.0)}  # replicated: alike everywhere
+    fut = dcp.async_save({"model": state}, checkpoint_id=ckpt)
+    fut.result(timeout=60)
+    dist.barrier()
+    loaded = {"model": {"w": torch.zeros(6), "b": torch.zeros(2)}}
+    dcp.load(loaded, checkpoint_id=ckpt)
+    c.check("dcp.async_save round trip", torch.equal(loaded["model"]["w"], torch.arange(6, dtype=torch.float32))
+            and torch.equal(loaded["model"]["b"], torch.full((2,), 7.0)), str(loaded))
+
+
+def _detail(c, rank, ws):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: mismatched collectives raise on every rank, naming both."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    c.check("DETAIL: matching calls pass", torch.equal(x, torch.full((3,), float(ws))))
+    bad = torch.ones(3 + (rank == 1))
+    c.raises("DETAIL: shapes differ", lambda: dist.all_reduce(bad), RuntimeError,
+             ["Detected mismatch between collectives on ranks", "OpType=ALL_REDUCE", "TensorShape=[[3]]",
+              "TensorShape=[[4]]"])
+    if rank == 1:
+        c.raises("DETAIL: ops differ", lambda: dist.broadcast(torch.ones(2), 0), RuntimeError,
+                 ["OpType=BROADCAST", "OpType=ALL_REDUCE"])
+    else:
+        c.raises("DETAIL: ops differ", lambda: dist.all_reduce(torch.ones(2)), RuntimeError,
+                 ["OpType=BROADCAST", "OpType=ALL_REDUCE"])
+    y = torch.ones(2)
+    dist.all_reduce(y)
+    c.check("DETAIL: the group goes on", torch.equal(y, torch.full((2,), float(ws))))
+
+
 def _everything(_comm, parts):
     import torch.distributed as dist
 
@@ -245,12 +291,21 @@ def _everything(_comm, parts):
         _sparse(c, pg, gloo, rank, ws)
     if "timeouts" in parts:
         _timeouts(c, rank, ws)
+    if "async_save" in parts:
+        _async_save(c, rank, ws)
+    if "detail" in parts:
+        _detail(c, rank, ws)
     dist.destroy_process_group()
     return c.fails if c.count else ["no case ran"]
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_torch_lookups_monitored_barrier_sparse(world_size):
-    parts = ("lookups", "profiler", "monitored", "sparse", "timeouts")
+    parts = ("lookups", "profiler", "monitored", "sparse", "timeouts", "async_save")
     harness.assert_no_failures(
         harness.run_ranks(_everything, world_size, (parts,), init=False, hard_timeout=150))
+
+
+def test_torch_debug_detail_checks_collectives():
+    harness.assert_no_failures(harness.run_ranks(_everything, 2, (("detail",),), init=False, hard_timeout=90,
+                                                 env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}))

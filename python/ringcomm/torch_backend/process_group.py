@@ -32,6 +32,10 @@ BACKEND_NAME = "ringcomm"
 _DEVICE_TYPES = [torch.device("cpu")] + ([torch.device("cuda")] if _build_info().get("cuda") else [])
 
 
+# Calls the DETAIL check leaves alone (point to point: only two ranks take part).
+_P2P_TITLES = frozenset(("send", "recv", "recvAnySource"))
+
+
 def _profiler_enabled():
     return torch.autograd.profiler._is_profiler_enabled
 
@@ -99,6 +103,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self._seq = 0  # torch calls issued (torch's sequence number for the group)
         self._monitored = 0  # monitored_barrier calls made
         self._profiling_name = BACKEND_NAME  # profiler events are "<this>:<op>"
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps only C++ backends in its
+        # checking wrapper, so the group checks its collectives itself.
+        self._detail = dist.get_debug_level() == dist.DebugLevel.DETAIL
         self._group_name = group_name
         self._group_desc = "undefined"
         self._completer = Completer(f"ringcomm-pg-{group_name or incarnation}-completer")
@@ -141,6 +148,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         shapes, ended when the operation completes.
         """
         self._seq += 1
+        if self._detail and title not in _P2P_TITLES:
+            self._check_fingerprints(title, inputs)
         record = None
         if _profiler_enabled():
             record = _RecordFunctionFast(f"{self._profiling_name}:{title}", _tensors_of(inputs))
@@ -181,6 +190,30 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             self._coalesced.append(work)
         return work
 
+    _FINGERPRINT_BYTES = 1024
+
+    def _check_fingerprints(self, title, inputs):
+        """TORCH_DISTRIBUTED_DEBUG=DETAIL: every rank's call (sequence number, op,
+        input shapes, dtypes and devices) is gathered before the call, and ranks
+        that disagree raise, on every rank, naming both calls, as torch's
+        checking wrapper does for its backends."""
+        tensors = _tensors_of(inputs)
+        mine = (f"CollectiveFingerPrint(SequenceNumber={self._seq}, OpType={title.upper()}, "
+                f"TensorShape={[list(t.shape) for t in tensors]}, "
+                f"TensorDtypes={[str(t.dtype).replace('torch.', '') for t in tensors]}, "
+                f"TensorDeviceTypes={[t.device.type for t in tensors]})")
+        raw = mine.encode()[:self._FINGERPRINT_BYTES]
+        buf = torch.zeros(self._FINGERPRINT_BYTES, dtype=torch.uint8)
+        buf[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        every = torch.empty(self.size() * self._FINGERPRINT_BYTES, dtype=torch.uint8)
+        self._comm.all_gather(every, buf)
+        rows = every.view(self.size(), -1)
+        for r in range(self.size()):
+            if not torch.equal(rows[r], buf):
+                theirs = bytes(rows[r].tolist()).rstrip(b"\0").decode(errors="replace")
+                raise RuntimeError(f"Detected mismatch between collectives on ranks. Rank {self.rank()} is running "
+                                   f"collective: {mine}, but Rank {r} is running collective: {theirs}")
+
     def _flat_gather_buffer(self, what, staging, outputs, inp):
         """A flat buffer of size * inp.numel() whose blocks are copied into `outputs`."""
         n = self.size()
@@ -211,7 +244,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op = _op_of(opts)
         tensors = _as_list(tensors)
-        if len(tensors) == 1 and not _is_async(opts) and not _profiler_enabled():
+        if len(tensors) == 1 and not _is_async(opts) and not _profiler_enabled() and not self._detail:
             # The common blocking call on one dense tensor, without the general path's staging.
             t = tensors[0]
             if (type(t) is torch.Tensor and t.layout == torch.strided and t.device.type == "cpu"
