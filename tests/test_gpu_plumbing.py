@@ -5,8 +5,10 @@ rather than crashes. (tests/test_gpu.py needs a GPU.)"""
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
+
 import pytest
 
 import ringcomm
@@ -262,12 +264,19 @@ class FakeTorchTensor:
 
 class FakeNativeComm:
     device, stream = 0, 0xABC
+    over_ipc = False
 
-    def __init__(self, path, fail_close=False):
+    def __init__(self, path, fail_close=False, over_ipc=False, error=""):
         self.path, self.fail_close = path, fail_close
+        self.over_ipc, self.error = over_ipc, error
         self.refs_at_close = None
+        self.closed_at = None
+
+    def async_error(self):
+        return self.error
 
     def close(self):
+        self.closed_at = time.monotonic()
         self.refs_at_close = len(self.path._inflight)
         if self.fail_close:
             raise ringcomm.RingcommError("ringcomm: cudaStreamSynchronize (close) failed")
@@ -296,6 +305,58 @@ def test_buffers_are_held_until_the_event_completed_then_close():
     assert ra() is None and rb() is not None
     path.close()  # the native close drains the stream before the references go
     assert g.refs_at_close == 2 and rb() is None and path._inflight == []
+
+
+def test_cuda_ipc_close_waits_for_every_peer_before_freeing():
+    """A cuda_ipc rank's buffers are read by its peers: close() frees them only once
+    every peer finished its calls too (a handshake through the store, bounded), and
+    not at all after a failure (the peers' kernels stop at the abort word)."""
+    import threading
+
+    from torch.distributed import HashStore
+
+    store = HashStore()
+
+    class Comm(FakeComm):
+        world_size = 2
+
+        def __init__(self, rank):
+            self.rank, self._store = rank, store
+
+    paths, natives = [], []
+    for r in range(2):
+        p = cuda.GpuPath(Comm(r))
+        g = FakeNativeComm(p, over_ipc=True)
+        p._natives[0], p._ipc_prefix[0] = g, "t/cuda_ipc/0"
+        paths.append(p)
+        natives.append(g)
+    t = threading.Thread(target=paths[0].close)
+    t.start()
+    time.sleep(0.3)
+    assert natives[0].closed_at is None, "rank 0 freed its buffers while rank 1 was still running"
+    start = time.monotonic()
+    paths[1].close()
+    t.join(5)
+    assert not t.is_alive() and natives[0].closed_at is not None and natives[0].closed_at >= start
+    assert natives[1].closed_at is not None
+
+    # After a failure: no wait at all.
+    p = cuda.GpuPath(Comm(0))
+    g = FakeNativeComm(p, over_ipc=True, error="rank 1 aborted")
+    p._natives[0], p._ipc_prefix[0] = g, "t/cuda_ipc/1"
+    start = time.monotonic()
+    p.close()
+    assert g.closed_at is not None and time.monotonic() - start < 1.0
+
+    # A peer that never comes: close goes on after the bound.
+    p = cuda.GpuPath(Comm(0))
+    p.CLOSE_WAIT_S = 0.5
+    g = FakeNativeComm(p, over_ipc=True)
+    p._natives[0], p._ipc_prefix[0] = g, "t/cuda_ipc/2"
+    start = time.monotonic()
+    p.close()
+    took = time.monotonic() - start
+    assert g.closed_at is not None and 0.4 <= took < 3.0, took
 
 
 def test_a_close_that_fails_never_frees_the_buffers():

@@ -295,6 +295,7 @@ class GpuPath:
     def __init__(self, comm):
         self._comm = comm
         self._natives = {}
+        self._ipc_prefix = {}  # device -> store prefix of its cuda_ipc communicator
         self._created = 0
         self._inflight = []  # (native work, buffers): references held until its event completed
         self._lock = threading.Lock()
@@ -333,6 +334,7 @@ class GpuPath:
         if cuda_ipc.pick_gpu_transport(c._config.transport, infos) == "cuda_ipc":
             g = self._native_ipc(device, f"{c._prefix}/cuda_ipc/{n}")
             self._natives[device] = g
+            self._ipc_prefix[device] = f"{c._prefix}/cuda_ipc/{n}"
             return g
         nccl_version()  # load NCCL (clear error if absent) before talking to the peers
         key = f"{c._prefix}/nccl/{n}"
@@ -372,6 +374,10 @@ class GpuPath:
         calls in flight: their memory may go back to torch's allocator only once the
         GPU no longer touches it."""
         natives, self._natives = self._natives, {}
+        # (After a failure the peers' kernels stop at the abort word: no wait.)
+        healthy_ipc = [d for d, g in natives.items() if g.over_ipc and not g.async_error()]
+        if healthy_ipc:
+            self._quiesce_ipc(healthy_ipc)
         try:
             for g in natives.values():
                 g.close()
@@ -381,6 +387,33 @@ class GpuPath:
             raise
         finally:
             self._inflight = []
+
+    # A cuda_ipc rank's buffers are read by its peers' kernels (one-shot reads every
+    # input; a ring reads the slots it was sent): freeing them when this rank's own
+    # calls are done may pull memory from under a slower peer. So before freeing,
+    # each rank finishes its calls and then waits for every peer to have done so,
+    # through the store, bounded: a peer that never comes is dead or failed, and
+    # its kernels stop at their own deadline.
+    CLOSE_WAIT_S = 30.0
+
+    def _quiesce_ipc(self, devices):
+        for work, _ in list(self._inflight):
+            try:
+                work.synchronize(self._comm._config.timeout_s)
+            except Exception:  # noqa: BLE001 - a failed call is over too
+                pass
+        c = self._comm
+        wait = min(self.CLOSE_WAIT_S, c._config.timeout_s)
+        for device in devices:
+            prefix = self._ipc_prefix.get(device)
+            if prefix is None:
+                continue
+            try:
+                c._store.set(f"{prefix}/closed/{c.rank}", "1")
+                bootstrap.wait_keys(c._store, [f"{prefix}/closed/{r}" for r in range(c.world_size) if r != c.rank],
+                                    wait, "waiting for the cuda_ipc peers to finish before freeing buffers", c.rank)
+            except Exception:  # noqa: BLE001 - a peer or the store is gone: nobody reads us any more
+                pass
 
     def abort(self, why):
         for g in self._natives.values():
