@@ -439,3 +439,25 @@ def within(seconds: float, fn: Callable[[], bool], interval: float = 0.001) -> b
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def run_primitive_case(comm, prim, call, dtype, op, n, cont, variant, seed, root, in_place=False):
+    """One case of `prim` through `call` (the _case_* helpers above); returns its error or None.
+    `in_place` asks reduce_scatter / all_gather for their in-place form."""
+    if prim == "all_reduce":
+        return _case_all_reduce(comm, call, dtype, op, n, cont, variant, seed)[1]
+    if prim == "reduce_scatter":
+        return _case_reduce_scatter(comm, call, dtype, op, n, cont, variant, seed, in_place)[1]
+    if prim == "reduce":
+        return _case_reduce(comm, call, dtype, op, n, cont, variant, seed, root)[1]
+    if prim == "all_gather":
+        return _case_all_gather(comm, call, dtype, n, cont, variant, seed, in_place)[1]
+    if prim == "broadcast":
+        return _case_broadcast(comm, call, dtype, n, cont, variant, seed, root)[1]
+    if prim == "scatter":
+        return _case_scatter(comm, call, dtype, n, cont, variant, seed, root)[1]
+    if prim == "gather":
+        return _case_gather(comm, call, dtype, n, cont, variant, seed, root)[1]
+    if prim == "all_to_all":
+        return _case_all_to_all(comm, call, dtype, n, cont, variant, seed)[1]
+    raise ValueError(f"unknown primitive {prim!r}")

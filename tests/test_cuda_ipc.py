@@ -39,24 +39,8 @@ def _matrix(_comm, prims, dtypes, counts, family):
                         seed = checks.seed_of("ipc", prim, dtype, op, n, i)
                         desc = f"{family} {prim} {dtype} {op} n={n} root={root}"
                         try:
-                            if prim == "all_reduce":
-                                _, err = checks._case_all_reduce(comm, call, dtype, op, n, cont, variant, seed)
-                            elif prim == "reduce_scatter":
-                                _, err = checks._case_reduce_scatter(comm, call, dtype, op, n, cont, variant, seed,
-                                                                     (i // 2) % 2 == 1)
-                            elif prim == "reduce":
-                                _, err = checks._case_reduce(comm, call, dtype, op, n, cont, variant, seed, root)
-                            elif prim == "all_gather":
-                                _, err = checks._case_all_gather(comm, call, dtype, n, cont, variant, seed,
-                                                                 (i // 2) % 2 == 1)
-                            elif prim == "broadcast":
-                                _, err = checks._case_broadcast(comm, call, dtype, n, cont, variant, seed, root)
-                            elif prim == "scatter":
-                                _, err = checks._case_scatter(comm, call, dtype, n, cont, variant, seed, root)
-                            elif prim == "gather":
-                                _, err = checks._case_gather(comm, call, dtype, n, cont, variant, seed, root)
-                            else:
-                                _, err = checks._case_all_to_all(comm, call, dtype, n, cont, variant, seed)
+                            err = checks.run_primitive_case(comm, prim, call, dtype, op, n, cont, variant, seed, root,
+                                                               (i // 2) % 2 == 1)
                         except Exception as e:  # noqa: BLE001
                             fails.append(f"{desc}: raised {type(e).__name__}: {checks.first_line(e)}")
                             return fails

@@ -81,22 +81,8 @@ def _matrix(comm, want_transport):
                     seed = checks.seed_of("gpu-ipc", prim, dtype, op, n, i)
                     desc = f"{prim} {dtype} {op} n={n} root={root}"
                     try:
-                        if prim == "all_reduce":
-                            _, err = checks._case_all_reduce(comm, call, dtype, op, n, cont, variant, seed)
-                        elif prim == "reduce_scatter":
-                            _, err = checks._case_reduce_scatter(comm, call, dtype, op, n, cont, variant, seed, False)
-                        elif prim == "reduce":
-                            _, err = checks._case_reduce(comm, call, dtype, op, n, cont, variant, seed, root)
-                        elif prim == "all_gather":
-                            _, err = checks._case_all_gather(comm, call, dtype, n, cont, variant, seed, False)
-                        elif prim == "broadcast":
-                            _, err = checks._case_broadcast(comm, call, dtype, n, cont, variant, seed, root)
-                        elif prim == "scatter":
-                            _, err = checks._case_scatter(comm, call, dtype, n, cont, variant, seed, root)
-                        elif prim == "gather":
-                            _, err = checks._case_gather(comm, call, dtype, n, cont, variant, seed, root)
-                        else:
-                            _, err = checks._case_all_to_all(comm, call, dtype, n, cont, variant, seed)
+                        err = checks.run_primitive_case(comm, prim, call, dtype, op, n, cont, variant, seed, root,
+                                                           False)
                     except Exception as e:  # noqa: BLE001
                         fails.append(f"{desc}: raised {type(e).__name__}: {checks.first_line(e)}")
                         return fails

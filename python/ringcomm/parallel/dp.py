@@ -37,6 +37,23 @@ class _Bucket:
         self.work = None
 
 
+@torch.no_grad()
+def broadcast_tensors(comm, tensors, root=0):
+    """Every rank's `tensors` <- root's, in one broadcast per (dtype, device)."""
+    if comm.world_size == 1:
+        return
+    groups = defaultdict(list)
+    for t in tensors:
+        groups[(t.dtype, t.device)].append(t)
+    for ts in groups.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in ts])
+        comm.broadcast(flat, root)
+        offset = 0
+        for t in ts:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
 class DataParallel(nn.Module):
     """Wraps `module` so that backward averages its gradients over `comm`.
 
@@ -88,20 +105,8 @@ class DataParallel(nn.Module):
             open_by_kind[kind] = (cur[0], cur[1] + nbytes)
         return [_Bucket(i, ps) for i, ps in enumerate(buckets)]
 
-    @torch.no_grad()
     def _broadcast(self, params, buffers):
-        if self.comm.world_size == 1:
-            return
-        groups = defaultdict(list)
-        for t in list(params) + list(buffers):
-            groups[(t.dtype, t.device)].append(t)
-        for ts in groups.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            self.comm.broadcast(flat, 0)
-            offset = 0
-            for t in ts:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+        broadcast_tensors(self.comm, list(params) + list(buffers))
 
     # -- backward ---------------------------------------------------------------
     def _on_grad(self, p):

@@ -69,6 +69,8 @@ import io
 import torch
 import torch.nn as nn
 
+from ringcomm.parallel.dp import broadcast_tensors
+
 _MIXED = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
           "float16": torch.float16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
 _FREE, _GATHERING, _GATHERED = 0, 1, 2
@@ -200,20 +202,8 @@ class ZeroDataParallel(nn.Module):
                     functools.partial(self._post_forward, u)))
 
     # -- set-up -------------------------------------------------------------------
-    @torch.no_grad()
     def _broadcast(self, tensors):
-        if self.world == 1:
-            return
-        groups = {}
-        for t in tensors:
-            groups.setdefault((t.dtype, t.device), []).append(t)
-        for ts in groups.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            self.comm.broadcast(flat, 0)
-            offset = 0
-            for t in ts:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+        broadcast_tensors(self.comm, tensors)
 
     def _make_units(self, params):
         if self.stage == 3:
