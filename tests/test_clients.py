@@ -10,6 +10,7 @@ the reason (pip install '.[clients]').
 """
 import importlib.util
 import os
+import sys
 import time
 
 import pytest
@@ -31,7 +32,14 @@ def test_client_matches_gloo(name):
     if reason:
         pytest.skip(reason)
     timeout = TIMEOUT.get(clients.CLIENTS[name][0], 240.0)
-    ref = clients.run_client(name, "gloo", timeout=timeout)
+    try:
+        ref = clients.run_client(name, "gloo", timeout=timeout)
+    except clients.ClientFailed as e:
+        # The reference, not the code under test: one more launch. (DeepSpeed on gloo
+        # once aborted with "terminate called without an active exception" on a loaded
+        # CI machine.) A ringcomm launch is never retried.
+        print(f"the gloo reference of {name} failed once, launched again: {str(e)[:300]}", file=sys.stderr)
+        ref = clients.run_client(name, "gloo", timeout=timeout)
     got = clients.run_client(name, "ringcomm", timeout=timeout)
     fails, _, _ = clients.compare(ref, got)
     for r, (a, b) in enumerate(zip(got, ref)):
