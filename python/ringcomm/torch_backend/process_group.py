@@ -17,10 +17,11 @@ import torch.distributed as dist
 from torch._C._profiler import _RecordFunctionFast
 
 from ringcomm import build_info as _build_info
-from ringcomm import validate
+from ringcomm import bootstrap, validate
 
 from ringcomm.communicator import Communicator
 from ringcomm.config import make_config
+from ringcomm.errors import TimeoutError  # noqa: A004
 from ringcomm.reduce_op import ReduceOp
 from ringcomm.torch_backend.tensors import Staging, as_movable, as_reducible, flat, reduce_op
 from ringcomm.torch_backend.work import Completer, RingcommWork, StreamEvent
@@ -154,38 +155,31 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         if _profiler_enabled():
             record = _RecordFunctionFast(f"{self._profiling_name}:{title}", _tensors_of(inputs))
             record.__enter__()
-        if staging.on_gpu and (not async_op or not staging.empty):
-            # CUDA, blocking or with copies back: every call ordered on the
-            # current stream (the ringcomm GPU path's blocking form: the host
-            # does not wait), then the copies, then an event that the Work
-            # waits on. torch's blocking NCCL calls have this semantics.
-            try:
+        try:
+            if staging.on_gpu and (not async_op or not staging.empty):
+                # CUDA, blocking or with copies back: every call ordered on the
+                # current stream (the ringcomm GPU path's blocking form: the host
+                # does not wait), then the copies, then an event that the Work
+                # waits on. torch's blocking NCCL calls have this semantics.
                 for c in calls:
                     c(False)
                 staging.finish()
-            except BaseException:
-                if record is not None:
-                    record.__exit__(None, None, None)
-                raise
-            work = RingcommWork([StreamEvent(staging.device)], result, None, self._completer)
-            if record is not None:
-                work.profile(record)
-        elif record is None and not async_op and len(calls) == 1:
-            calls[0](False)
-            staging.finish()
-            work = RingcommWork((), result, None, self._completer)
-        else:
-            try:
+                work = RingcommWork([StreamEvent(staging.device)], result, None, self._completer)
+            elif record is None and not async_op and len(calls) == 1:
+                calls[0](False)
+                staging.finish()
+                work = RingcommWork((), result, None, self._completer)
+            else:
                 works = [w for w in (c(True) for c in calls) if w is not None]
-            except BaseException:
-                if record is not None:
-                    record.__exit__(None, None, None)
-                raise
-            work = RingcommWork(works, result, staging, self._completer)
+                work = RingcommWork(works, result, staging, self._completer)
+                if record is None and not async_op:
+                    work.wait()
+        except BaseException:
             if record is not None:
-                work.profile(record)
-            elif not async_op:
-                work.wait()
+                record.__exit__(None, None, None)
+            raise
+        if record is not None:
+            work.profile(record)  # a profiled blocking call: torch waits on the Work
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -590,15 +584,12 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     def _poll(self, key, deadline):
         """The store's value of `key` once it is set, or None at the deadline."""
-        pause = 0.0005
-        while True:
-            if self._store.check([key]):
-                return self._store.get(key)
-            now = time.monotonic()
-            if now >= deadline:
-                return None
-            time.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, 0.02)
+        try:
+            bootstrap.wait_keys(self._store, [key], max(0.0, deadline - time.monotonic()), "monitored_barrier",
+                                self.rank())
+        except TimeoutError:
+            return None
+        return self._store.get(key)
 
     def barrier(self, opts=None):
         call = lambda a: self._comm.barrier(async_op=a)  # noqa: E731
