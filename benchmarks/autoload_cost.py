@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from ringcomm.bench.report import _cpu_model
+
 CASES = {
     "autoload off (TORCH_DEVICE_BACKEND_AUTOLOAD=0)": ("import torch", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
     "autoload on (default; ringcomm's hook runs)": ("import torch", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}),
@@ -51,15 +53,6 @@ print(f"{(t1 - t0) * 1e3:.1f} {(t2 - t1) * 1e3:.2f} {(t3 - t2) * 1e3:.3f} {(t4 -
 """
 
 
-def cpu_model():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (no lscpu)"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                "unknown")
-
-
 def run(code, env_extra, timeout=120):
     env = dict(os.environ, **env_extra)
     t0 = time.perf_counter()
@@ -74,7 +67,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
+    print(f"CPU: {_cpu_model()}, {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
     print("(the machine may be shared: the cases take turns so that load falls on all of them alike)")
     run("import torch", {})  # warm the page cache
     times = {name: [] for name in CASES}

@@ -31,6 +31,8 @@ import tempfile
 
 import torch
 
+from ringcomm.bench.report import _cpu_model
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "clients")
 
 # name: (package it needs, example, --variant, launcher)
@@ -177,15 +179,6 @@ def step_times(ranks, warmup):
     return [max(steps) for steps in zip(*(r["step_times"] for r in ranks))][warmup:]
 
 
-def cpu_model():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (no lscpu)"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                "unknown")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", default=",".join(CLIENTS), help=f"comma list of {', '.join(CLIENTS)}")
@@ -201,7 +194,7 @@ def main():
         ap.error(f"unknown clients {unknown}; choose from {list(CLIENTS)}")
     import ringcomm
 
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; torch {torch.__version__}, ringcomm {ringcomm.__version__}; "
+    print(f"CPU: {_cpu_model()}, {os.cpu_count()} CPUs; torch {torch.__version__}, ringcomm {ringcomm.__version__}; "
           f"{NPROC} processes, width {args.width} ({(16 * args.width + args.width ** 2 + 4 * args.width) * 4 / 2**20:.2f}"
           f" MiB of float32 gradients), {args.steps} steps, {args.repeats} repeats")
     header = (f"{'client':<26} {'losses/params vs gloo':<30} {'gloo ms/step':>12} {'ringcomm ms/step':>16} "

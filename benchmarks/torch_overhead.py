@@ -14,23 +14,12 @@ followed by wait(), and for a send/recv ping-pong (half a round trip).
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
 
-
-def cpu_model():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return platform.processor() or "unknown"
+from ringcomm.bench.report import _cpu_model
 
 
 def rank_main(rank, world, port, rounds, calls, q):
@@ -129,7 +118,7 @@ def main():
     samples = q.get(timeout=1800)
     for pr in procs:
         pr.join(60)
-    cpu = cpu_model()
+    cpu = _cpu_model()
     print(f"# {cpu}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the end; "
           f"{a.rounds} rounds x {a.calls} calls, rank 0's per-call time")
     print(f"# command: python benchmarks/{os.path.basename(__file__)} --rounds {a.rounds} --calls {a.calls}")
