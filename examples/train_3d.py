@@ -21,11 +21,12 @@ import time
 import torch
 
 import ringcomm
-from ringcomm.parallel import DataParallel, Pipeline, ZeroDataParallel, split_3d, tensor_parallel
+from ringcomm.parallel import (DataParallel, Pipeline, ZeroDataParallel, clip_grad_norm_, split_3d,
+                               tensor_parallel)
 from ringcomm.parallel import models
 
 DEFAULTS = dict(vocab=32, hidden=32, heads=4, layers=4, seq=16, batch=8, microbatches=2,
-                steps=20, lr=3e-3, seed=0, schedule="1f1b")
+                steps=20, lr=3e-3, seed=0, schedule="1f1b", clip=None)
 
 
 def make_dense(cfg):
@@ -51,7 +52,10 @@ def train(comm, tp=1, pp=1, dp=None, check=False, log=None, zero=0, mixed_precis
     ZeroDataParallel of that stage over the DP communicator instead of DataParallel (with
     mixed_precision="bf16" computing in bf16). With check=True and a dict `report`,
     report["param_diff"] is the largest difference between this rank's final parameters
-    and the dense model's, sharded the same way."""
+    and the dense model's, sharded the same way. clip=C clips the gradients to global norm
+    C (over the whole 3D model, ringcomm.parallel.clip) before each step, and the dense
+    model's with torch.nn.utils.clip_grad_norm_; report["norms"] / report["ref_norms"]
+    are then the global norms of each step before clipping."""
     cfg = {**DEFAULTS, **overrides}
     g = split_3d(comm, tp=tp, pp=pp, dp=dp)
     if cfg["batch"] % (g.dp_size * cfg["microbatches"]):
@@ -74,12 +78,19 @@ def train(comm, tp=1, pp=1, dp=None, check=False, log=None, zero=0, mixed_precis
 
     per_rank = cfg["batch"] // g.dp_size
     rows = slice(g.dp_rank * per_rank, (g.dp_rank + 1) * per_rank)
-    losses, ref_losses = [], []
+    losses, ref_losses, norms, ref_norms = [], [], [], []
     for step in range(cfg["steps"]):
         t0 = time.perf_counter()
         tokens, targets = global_batch(step, cfg)
         opt.zero_grad(set_to_none=True)
         mb = pipe.step(tokens[rows], targets[rows])
+        if cfg["clip"] is not None:
+            if zero:
+                norm = model.clip_grad_norm_(cfg["clip"], groups=g)
+            else:
+                model.finish()  # the data-parallel reduction, before the norm
+                norm = clip_grad_norm_(model.parameters(), cfg["clip"], groups=g)
+            norms.append(float(norm))
         opt.step()  # waits for the data-parallel reduction first (attach_optimizer, or ZeRO's step)
         loss = torch.zeros(1)
         if pipe.is_last:
@@ -91,12 +102,16 @@ def train(comm, tp=1, pp=1, dp=None, check=False, log=None, zero=0, mixed_precis
             ref_opt.zero_grad(set_to_none=True)
             ref = models.lm_loss(dense(tokens), targets)
             ref.backward()
+            if cfg["clip"] is not None:
+                ref_norms.append(float(torch.nn.utils.clip_grad_norm_(dense.parameters(), cfg["clip"])))
             ref_opt.step()
             ref_losses.append(ref.item())
         if log:
             extra = f"  dense {ref_losses[-1]:.5f}" if check else ""
             log(f"step {step:3d}  loss {losses[-1]:.5f}{extra}  "
                 f"({(time.perf_counter() - t0) * 1e3:.1f} ms)")
+    if report is not None:
+        report["norms"], report["ref_norms"] = norms, ref_norms
     if check and report is not None:
         want = copy.deepcopy(dense[start:end])
         if g.tp_size > 1:
@@ -117,6 +132,8 @@ def main(argv=None):
     for key in ("steps", "microbatches", "batch", "layers", "hidden", "heads", "seq", "vocab"):
         ap.add_argument(f"--{key}", type=int, default=DEFAULTS[key])
     ap.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    ap.add_argument("--clip", type=float, default=None,
+                    help="clip the gradients to this global norm (over the whole 3D model)")
     ap.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                     help="ZeRO stage over the data-parallel group (0: DataParallel)")
     ap.add_argument("--bf16", action="store_true",
@@ -133,7 +150,7 @@ def main(argv=None):
             f"{args.microbatches} micro-batches"
             f"{f', ZeRO stage {args.zero}' if args.zero else ''}")
     cfg = {k: getattr(args, k) for k in ("steps", "microbatches", "batch", "layers", "hidden",
-                                         "heads", "seq", "vocab", "lr", "schedule")}
+                                         "heads", "seq", "vocab", "lr", "schedule", "clip")}
     if args.bf16 and not args.zero:
         ap.error("--bf16 needs --zero")
     losses, ref = train(comm, args.tp, args.pp, args.dp, check=args.check, log=log, zero=args.zero,

@@ -1,6 +1,7 @@
 """The 3D example (examples/train_3d.py) under torchrun: 4 CPU ranks, tensor x pipeline
 parallel (2 x 2), a small configuration; the loss must fall and equal dense training.
-Then tensor parallel 2 x ZeRO stage 3 over data parallel 2 (--pp 1 --zero 3).
+Then tensor parallel 2 x ZeRO stage 3 over data parallel 2, clipping by the global norm
+(--pp 1 --zero 3 --clip 0.5).
 """
 import os
 import re
@@ -14,7 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_3d.py")
 
 
-@pytest.mark.parametrize("extra", [[], ["--pp", "1", "--zero", "3"]], ids=["tp2_pp2", "tp2_zero3_dp2"])
+@pytest.mark.parametrize("extra", [[], ["--pp", "1", "--zero", "3", "--clip", "0.5"]],
+                         ids=["tp2_pp2", "tp2_zero3_dp2_clip"])
 def test_3d_example_under_torchrun(extra):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):

@@ -344,3 +344,55 @@ def test_layout_ranks():
         assert sorted(r for g in groups for r in g) == list(range(8))
     with pytest.raises(ValueError, match="differs from the world size"):
         layout_ranks(6, 2, 2, 2)
+
+
+class Group:  # what the TP layers read of a communicator at construction
+    world_size, rank = 2, 0
+
+
+def test_parallel_marks_survive_copies():
+    """Gradient clipping tells sharded from replicated parameters by the marks the TP
+    layers set; copy.deepcopy and pickle drop a Parameter's attributes, so the layers
+    set them again when restored."""
+    import io
+    import pickle
+
+    import torch
+
+    from ringcomm.parallel import clip
+    from ringcomm.parallel.tp import ColumnParallelLinear, RowParallelLinear
+
+    def marks(m):
+        return [(n, clip.is_tensor_parallel(p), bool(getattr(p, "sequence_parallel", False)))
+                for n, p in m.named_parameters()]
+
+    m = torch.nn.Sequential(ColumnParallelLinear(4, 4, Group()),
+                            RowParallelLinear(4, 4, Group(), sequence_parallel=True))
+    want = [("0.weight", True, False), ("0.bias", True, False), ("1.weight", True, False),
+            ("1.bias", False, True)]
+    assert marks(m) == want
+    assert marks(copy.deepcopy(m)) == want
+    buf = io.BytesIO()
+    pickle.dump(m, buf)
+    assert marks(pickle.loads(buf.getvalue())) == want
+
+
+def test_clip_grad_norm_without_groups_is_torchs():
+    import torch
+
+    from ringcomm.parallel import clip_grad_norm_
+
+    for norm_type in (2.0, 1.0, 3.5, float("inf")):
+        torch.manual_seed(0)
+        a = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
+        b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+        for p, q in zip(a, b):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        got = clip_grad_norm_(a, 0.7, norm_type)
+        want = torch.nn.utils.clip_grad_norm_(b, 0.7, norm_type)
+        assert torch.allclose(got, want, rtol=1e-6), (norm_type, got, want)
+        for p, q in zip(a, b):
+            assert torch.allclose(p.grad, q.grad, rtol=1e-6)
+    with pytest.raises(ValueError, match="norm_type"):
+        clip_grad_norm_(a, 1.0, -1)

@@ -17,6 +17,7 @@ WORLD_SIZES = [2, 4]
 SECTIONS = ("train", "errors", "overlap", "state", "memory", "comm", "3d")
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 STEPS, PER_RANK, LR = 20, 4, 0.05
+CLIP_3D = 0.5  # max norm in the 3D runs: below the dense model's norm in most steps
 
 
 def _close(fail, what, got, want, rtol, atol):
@@ -55,6 +56,11 @@ def _optimizer(name):
     return torch.optim.AdamW, dict(lr=LR / 10, weight_decay=0.01)
 
 
+def _clip_args(clip):
+    """clip: a max norm (the 2-norm) or (max norm, norm type)."""
+    return clip if isinstance(clip, tuple) else (clip, 2.0)
+
+
 def _reference(ws, opt_name, bf16, micro, clip):
     """Single process, full batch; bf16: bf16 model, fp32 masters. Returns (losses, params)."""
     import torch
@@ -77,7 +83,7 @@ def _reference(ws, opt_name, bf16, micro, clip):
         for m, p in zip(master_params, model.parameters()):
             m.grad = p.grad.float()
         if clip:
-            torch.nn.utils.clip_grad_norm_(master_params, clip)
+            torch.nn.utils.clip_grad_norm_(master_params, *_clip_args(clip))
         opt.step()
         with torch.no_grad():
             for m, p in zip(master_params, model.parameters()):
@@ -126,7 +132,7 @@ def _train_zero(comm, stage, opt_name, bf16, micro=1, clip=None, use_dp=False, o
             opt.zero_grad(set_to_none=True)
         else:
             if clip:
-                z.clip_grad_norm_(clip)
+                z.clip_grad_norm_(*_clip_args(clip))
             z.step()
             z.zero_grad(set_to_none=len(losses) % 2 == 0)
     params = [p.detach().clone() for p in local.parameters()] if use_dp else z.full_parameters()
@@ -161,6 +167,7 @@ def section_train(comm, fail):
     # Stage 1 with plain Adam; stages 2, 3 with accumulation (no_sync) and clipping; overlap off.
     cases = [(1, "adam", 1, None, True), (2, "sgd", 3, None, True), (3, "sgd", 3, None, True),
              (2, "sgd", 1, 0.05, True), (3, "sgd", 1, 0.05, True), (1, "sgd", 2, 0.05, True),
+             (2, "sgd", 1, (0.02, float("inf")), True), (3, "sgd", 1, (0.05, 1.5), True),
              (2, "adamw", 1, None, False), (3, "adamw", 1, None, False)]
     cases = [c + (True,) for c in cases] + [(2, "sgd", 2, None, True, False),
                                             (3, "sgd", 2, 0.05, True, False)]
@@ -272,6 +279,14 @@ def section_errors(comm, fail):
     sd["zero_sharded"]["rank"] = (comm.rank + 1) % comm.world_size
     expect(ValueError, "does not fit this rank", lambda: z.load_state_dict(sd), "sharded elsewhere")
     expect(ValueError, "mode must be", lambda: z.state_dict(mode="half"), "state mode")
+    expect(ValueError, "norm_type must be positive", lambda: z.clip_grad_norm_(1.0, norm_type=0),
+           "norm type 0")
+    from ringcomm.parallel import ParallelGroups
+
+    other = ParallelGroups(tp=None, pp=None, dp=object(), tp_size=1, pp_size=1, dp_size=ws,
+                           tp_rank=0, pp_rank=0, dp_rank=r)
+    expect(ValueError, "groups.dp must be", lambda: z.clip_grad_norm_(1.0, groups=other),
+           "groups of another communicator")
     z.remove_hooks()
     # Ranks that disagree on the stage or the model fail on every rank at construction.
     expect(ValueError, "disagree", lambda: ZeroDataParallel(_mlp(1), comm, stage=1 + comm.rank % 2),
@@ -509,19 +524,26 @@ def section_comm(comm, fail):
 
 def section_3d(comm, fail):
     """The example's training loop with ZeRO over the DP communicator: TP=2 x DP=2 and
-    PP=2 x DP=2 at world size 4 (DP=2 at world 2), against dense training."""
+    PP=2 x DP=2 at world size 4 (DP=2 at world 2), against dense training; and gradient
+    clipping by the global norm of the whole 3D model (ZeRO's and DataParallel's), its
+    norms against the dense model's at every step."""
     if EXAMPLES not in sys.path:
         sys.path.insert(0, EXAMPLES)
     import train_3d
 
     ws = comm.world_size
     layouts = [(1, 1)] if ws == 2 else [(2, 1), (1, 2)]
+    cases = [(1, None, None), (2, None, None), (3, None, None), (1, "bf16", None), (3, "bf16", None),
+             (0, None, CLIP_3D), (1, None, CLIP_3D), (2, None, CLIP_3D), (3, None, CLIP_3D),
+             (2, "bf16", CLIP_3D)]
     for tp, pp in layouts:
-        for zero, mixed in ((1, None), (2, None), (3, None), (1, "bf16"), (3, "bf16")):
+        for zero, mixed, clip in cases:
             report = {}
             losses, ref = train_3d.train(comm, tp, pp, check=True, steps=STEPS, layers=2, hidden=16,
-                                         seq=8, zero=zero, mixed_precision=mixed, report=report)
-            what = f"3D zero {zero} {mixed or 'fp32'} tp={tp} pp={pp} dp={ws // (tp * pp)}"
+                                         seq=8, zero=zero, mixed_precision=mixed, report=report,
+                                         clip=clip)
+            what = (f"3D zero {zero} {mixed or 'fp32'} clip {clip} tp={tp} pp={pp} "
+                    f"dp={ws // (tp * pp)}")
             # bf16 against fp32 dense training: measured 5e-3 (losses), 3e-2 (parameters)
             rtol, ptol = (2e-2, 6e-2) if mixed else (1e-4, 1e-4)
             for i, (a, b) in enumerate(zip(losses, ref)):
@@ -529,6 +551,20 @@ def section_3d(comm, fail):
                     fail(f"{what}: step {i} loss {a:.6f}, dense training {b:.6f}")
             if report["param_diff"] > ptol:
                 fail(f"{what}: final parameters differ from dense training by {report['param_diff']:.3g}")
+            if clip is None:
+                continue
+            norms, want = report["norms"], report["ref_norms"]
+            if len(norms) != STEPS or len(want) != STEPS:
+                fail(f"{what}: {len(norms)} norms, {len(want)} dense norms for {STEPS} steps")
+                continue
+            for i, (a, b) in enumerate(zip(norms, want)):
+                # bf16: the trajectories drift apart (measured 5% by step 12); step 0 is tight
+                tol = rtol if not mixed or i == 0 else 0.15
+                if abs(a - b) > tol * b:
+                    fail(f"{what}: step {i} global norm {a:.6f}, dense model's {b:.6f}")
+            if sum(b > clip for b in want) < STEPS // 2:
+                fail(f"{what}: clipping engaged in only {sum(b > clip for b in want)} of {STEPS} "
+                     f"steps (the test needs a smaller max norm)")
 
 
 def _peer_lost(comm):

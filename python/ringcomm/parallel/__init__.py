@@ -11,6 +11,7 @@
     pipe = Pipeline(z, g.pp, "1f1b", n_microbatches=4, loss_fn=loss)
     losses = pipe.step(tokens, target); z.step(); z.zero_grad()
 """
+from ringcomm.parallel.clip import clip_grad_norm_
 from ringcomm.parallel.dp import DataParallel
 from ringcomm.parallel.mesh import ParallelGroups, layout_ranks, split_3d
 from ringcomm.parallel.pp import Pipeline, schedule_order
@@ -41,6 +42,7 @@ __all__ = [
     "TensorParallelAttention",
     "TensorParallelBlock",
     "TensorParallelMLP",
+    "clip_grad_norm_",
     "copy_to_tp",
     "gather_from_sp",
     "gather_from_tp",

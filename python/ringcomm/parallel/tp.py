@@ -21,6 +21,9 @@ all_reduce forward and one backward (Megatron, Shoeybi et al. 2019, section 3).
 Parameters that are replicated but see only a sequence chunk under sequence
 parallelism (LayerNorm, the row-parallel bias) carry ``p.sequence_parallel = True``;
 their gradients are partial sums, completed by ``sync_sequence_parallel_grads``.
+The shards of split parameters carry ``p.tensor_parallel = True`` (gradient clipping,
+ringcomm.parallel.clip, counts them on every rank and replicated ones once). The marks
+are set again when a layer is deep-copied or unpickled (which drop them).
 
 Collectives run synchronously on the tensors' device; the communicator must hold
 exactly the ranks of one tensor-parallel group (comm.rank is the shard index).
@@ -151,6 +154,14 @@ def _shard_size(n, comm, what):
     return n // comm.world_size
 
 
+def _mark_tensor_parallel(*params):
+    """Marks shards of a parameter split over the group (each rank holds a different
+    part): gradient clipping counts them on every rank, replicated ones once."""
+    for p in params:
+        if p is not None:
+            p.tensor_parallel = True
+
+
 def _mark_sequence_parallel(module):
     for p in module.parameters():
         p.sequence_parallel = True
@@ -179,8 +190,16 @@ class ColumnParallelLinear(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(local, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(local, **kw)) if bias else None
+        self._mark()
         if reset:
             self.reset_parameters()
+
+    def _mark(self):
+        _mark_tensor_parallel(self.weight, self.bias)
+
+    def __setstate__(self, state):  # copy.deepcopy and pickle drop a Parameter's attributes
+        super().__setstate__(state)
+        self._mark()
 
     def reset_parameters(self):
         # nn.Linear's distribution (kaiming_uniform with a=sqrt(5)) for the full matrix.
@@ -237,10 +256,18 @@ class RowParallelLinear(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, local, **kw))
         self.bias = nn.Parameter(torch.empty(out_features, **kw)) if bias else None
-        if self.bias is not None and sequence_parallel:
-            self.bias.sequence_parallel = True
+        self._mark()
         if reset:
             self.reset_parameters()
+
+    def _mark(self):
+        _mark_tensor_parallel(self.weight)  # the bias is replicated
+        if self.bias is not None and self.sequence_parallel:
+            self.bias.sequence_parallel = True
+
+    def __setstate__(self, state):  # as ColumnParallelLinear's
+        super().__setstate__(state)
+        self._mark()
 
     def reset_parameters(self):
         bound = 1.0 / self.in_features ** 0.5
@@ -340,9 +367,17 @@ class TensorParallelBlock(nn.Module):
     def __init__(self, ln1, attn, ln2, mlp, sequence_parallel):
         super().__init__()
         self.ln1, self.attn, self.ln2, self.mlp = ln1, attn, ln2, mlp
-        if sequence_parallel:
+        self.sequence_parallel = sequence_parallel
+        self._mark()
+
+    def _mark(self):
+        if self.sequence_parallel:
             _mark_sequence_parallel(self.ln1)
             _mark_sequence_parallel(self.ln2)
+
+    def __setstate__(self, state):  # as ColumnParallelLinear's
+        super().__setstate__(state)
+        self._mark()
 
     @classmethod
     def from_dense(cls, block, comm, sequence_parallel=False, seq_dim=1):

@@ -69,6 +69,7 @@ import io
 import torch
 import torch.nn as nn
 
+from ringcomm.parallel import clip
 from ringcomm.parallel.dp import broadcast_tensors
 
 _MIXED = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -490,23 +491,44 @@ class ZeroDataParallel(nn.Module):
             self._cur_order = None
 
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, groups=None):
         """Finishes the reductions, then scales every gradient shard so that the global
-        norm (the sum of the ranks' partial sums of squares, all-reduced) is at most
-        max_norm. Returns the global norm before clipping. Only the 2-norm."""
-        if norm_type != 2.0:
-            raise ValueError(f"only the 2-norm is supported, got norm_type={norm_type!r}")
+        norm is at most max_norm (torch.nn.utils.clip_grad_norm_'s rule); returns the
+        global norm before clipping. Each rank adds |g|^p over its shards, and the sums
+        are all-reduced over the data-parallel communicator. Under tensor and pipeline
+        parallelism pass the rank's ParallelGroups (split_3d; its dp must be this
+        wrapper's communicator): the sums then also go over groups.tp and groups.pp,
+        with replicated parameters counted on tensor-parallel rank 0 only
+        (ringcomm.parallel.clip), so that the norm is the dense model's."""
+        p = clip.check_norm_type(norm_type)
+        if groups is not None and groups.dp is not self.comm:
+            raise ValueError("clip_grad_norm_: groups.dp must be the communicator this "
+                             "ZeroDataParallel runs over")
         self._finish()
-        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
+        pieces = []
         for u in self.units:
-            sq += u.master.grad.double().square().sum()
-        self.comm.all_reduce(sq, op="sum")
-        norm = sq.sqrt()
-        coef = float(max_norm) / (float(norm) + 1e-6)
+            g = u.master.grad
+            pieces.extend(g[a:b] for a, b in self._counted_ranges(u, groups))
+        acc = clip.local_power(pieces, p, self.device)
+        norm = clip.reduce_power(acc, p, clip.model_parallel_comms(groups, self.comm))
+        coef = clip.clip_coefficient(norm, max_norm)
         if coef < 1.0:
             for u in self.units:
                 u.master.grad.mul_(coef)
         return norm.to(torch.float32)[0]
+
+    def _counted_ranges(self, u, groups):
+        """The [a, b) ranges of this rank's shard of `u` that hold parameters this rank
+        counts in the global norm (the padding past the last parameter is left out)."""
+        ranges = []
+        for o, n, q in zip(u.offsets, u.numels, u.params):
+            a, b = max(o, u.lo), min(o + n, u.hi)
+            if a < b and clip.counted_here(q, groups):
+                if ranges and ranges[-1][1] == a - u.lo:
+                    ranges[-1] = (ranges[-1][0], b - u.lo)
+                else:
+                    ranges.append((a - u.lo, b - u.lo))
+        return ranges
 
     @torch.no_grad()
     def step(self):
