@@ -1,23 +1,35 @@
 """ZeRO step time with and without overlap (not a test: timings on a shared machine are noisy).
 
-    python benchmarks/zero_overlap.py                    # world 2, stages 1-3
+    python benchmarks/zero_overlap.py                    # world 2, stages 2 and 3
     python benchmarks/zero_overlap.py --world 4 --layer-ms 20
 
 Model: --layers x [Linear(--width, --width), a layer that sleeps --layer-ms / 2 in
 forward and --layer-ms in backward] (parallel_bench.py's stand-in for GPU kernels: the
 compute leaves the cores free, so that what the overlap hides is visible on a CPU).
 One step = forward + backward + step() of ZeroDataParallel; the time of a step is the
-slowest rank's (a barrier starts every step), the figure the median over --steps.
-Modes, interleaved step by step so that load changes hit all alike:
+slowest rank's (a barrier starts every step). Modes, interleaved step by step so that
+load changes hit all alike:
 
     overlap    overlap=True: stage 2 reduce-scatters each bucket from the gradient hooks,
                stage 3 also prefetches the next module's all_gather (forward and backward)
     serial     overlap=False: every reduce_scatter in step(), every gather on demand
     compute    forward + backward of an unwrapped copy (no communication)
-    comm       the step's collectives alone, issued back to back on the same buffers
+    rs, ag     the step's reduce_scatters alone / its all_gathers alone, back to back on
+               the same sizes (stage 3 gathers every unit twice: forward and backward)
 
-hidden = (serial - overlap) / comm: the fraction of the communication time the overlap
-took off the step. Stage 1 reduces in step() in both modes (its row shows the noise).
+What the overlap can hide: stage 2's reduce_scatters (its all_gather of the updated
+parameters follows the optimizer step, and nothing is left to overlap it with), stage
+3's reduce_scatters and both passes of gathers. Not all of it, even in principle: the
+last bucket's reduce_scatter starts when backward ends, and the first gather of each
+pass has nothing before it to hide behind, so the bound is about (units - 1) / units.
+
+    saved      median over steps of (serial - overlap), paired step by step (the two
+               modes of one step run back to back), and in how many steps overlap won
+    hidden     saved / hideable: the fraction of the hideable communication the overlap
+               took off the step
+    bound      (units - 1) / units: what a perfect overlap would reach
+
+Stage 1 reduces in step() in both modes (--stages 1 shows the noise of the machine).
 """
 import argparse
 import copy
@@ -29,8 +41,26 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from parallel_bench import _sleeping_layer, run  # noqa: E402
 
+MODES = ("overlap", "serial", "compute", "rs", "ag")
 
-def _rank(comm, stage, layers, width, batch, layer_ms, bucket_mb, steps, warmup, mixed):
+
+def _comm_alone(comm, z, dtype, kind, passes):
+    import torch
+
+    works = []
+    for _ in range(passes):
+        for u in z.units:
+            shard = torch.empty(u.shard, dtype=dtype)
+            full = torch.empty(u.padded, dtype=dtype)
+            if kind == "rs":
+                works.append(comm.reduce_scatter(shard, full, async_op=True))
+            else:
+                works.append(comm.all_gather(full, shard, async_op=True))
+    for w in works:
+        w.wait()
+
+
+def _rank(comm, stage, layers, width, batch, layer_ms, bucket_mb, steps, warmup, mixed, optimizer):
     import torch
     import torch.nn as nn
 
@@ -40,30 +70,22 @@ def _rank(comm, stage, layers, width, batch, layer_ms, bucket_mb, steps, warmup,
     model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), _sleeping_layer(layer_ms))
                             for _ in range(layers)])
     plain = copy.deepcopy(model)
+    opt_class = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[optimizer]
     z = ZeroDataParallel(model, comm, stage=stage, bucket_cap_mb=bucket_mb, lr=1e-4,
-                         mixed_precision=mixed)
+                         optimizer_class=opt_class, mixed_precision=mixed)
     dtype = z.compute_dtype
     plain = plain.to(dtype)
     x = torch.randn(batch, width, dtype=dtype)
-    out = {m: [] for m in ("overlap", "serial", "compute", "comm")}
+    out = {m: [] for m in MODES}
     for i in range(warmup + steps):
-        for mode in out:
+        for mode in MODES:
             comm.barrier()
             t0 = time.perf_counter()
             if mode == "compute":
                 plain(x).float().square().mean().backward()
                 plain.zero_grad()
-            elif mode == "comm":
-                works = []
-                passes = 2 if stage == 3 else 1
-                for u in z.units:
-                    shard = torch.empty(u.shard, dtype=dtype)
-                    full = torch.empty(u.padded, dtype=dtype)
-                    for _ in range(passes):
-                        works.append(comm.all_gather(full, shard, async_op=True))
-                    works.append(comm.reduce_scatter(shard, full, async_op=True))
-                for w in works:
-                    w.wait()
+            elif mode in ("rs", "ag"):
+                _comm_alone(comm, z, dtype, mode, 2 if mode == "ag" and stage == 3 else 1)
             else:
                 z.overlap = mode == "overlap"
                 z(x).float().square().mean().backward()
@@ -76,35 +98,64 @@ def _rank(comm, stage, layers, width, batch, layer_ms, bucket_mb, steps, warmup,
     return out
 
 
+def summarise(res, stage):
+    """The figures of one stage from every rank's per-step times (slowest rank per step)."""
+    slow = {m: [max(ts) for ts in zip(*(r[m] for r in res))] for m in MODES}
+    med = {m: statistics.median(v) for m, v in slow.items()}
+    diffs = [s - o for s, o in zip(slow["serial"], slow["overlap"])]
+    hideable = med["rs"] + (med["ag"] if stage == 3 else 0.0)
+    units = res[0]["units"]
+    saved = statistics.median(diffs)
+    q = statistics.quantiles(diffs, n=4) if len(diffs) >= 4 else [min(diffs), saved, max(diffs)]
+    return {
+        "units": units, "mb": res[0]["mb"], **{m: med[m] for m in MODES},
+        "saved": saved, "saved_q1": q[0], "saved_q3": q[2],
+        "wins": sum(d > 0 for d in diffs), "steps": len(diffs),
+        "hideable": hideable, "hidden": saved / max(hideable, 1e-12),
+        "bound": (units - 1) / units if stage != 1 else 0.0,
+    }
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--stages", type=int, nargs="+", default=[2, 3])
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=4,
+                    help="small: the matmuls then take little CPU, which the collectives need")
     ap.add_argument("--layer-ms", type=float, default=10.0)
-    ap.add_argument("--bucket-mb", type=float, default=4.5)
+    ap.add_argument("--bucket-mb", type=float, default=16.5,
+                    help="one Linear(2048, 2048) per bucket at the default width")
+    ap.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                    help="sgd: the cheapest step, so that the step's noise is the smallest")
     ap.add_argument("--bf16", action="store_true", help="mixed precision (bf16 compute and collectives)")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args(argv)
     mixed = "bf16" if args.bf16 else None
+    from ringcomm.bench.report import _cpu_model
+
     print(f"# ZeRO step, world {args.world}, {args.layers} x [Linear({args.width}, {args.width}) + "
           f"sleep {args.layer_ms / 2:g} ms fwd / {args.layer_ms:g} ms bwd], batch {args.batch}, "
-          f"{'bf16' if mixed else 'fp32'}, buckets of {args.bucket_mb} MiB; median of {args.steps} "
-          f"steps (slowest rank), modes interleaved")
-    print(f"  {'stage':>5s} {'units':>5s} {'MiB':>6s} {'overlap ms':>10s} {'serial ms':>9s} "
-          f"{'compute ms':>10s} {'comm ms':>8s} {'hidden':>7s}")
+          f"{'bf16' if mixed else 'fp32'}, {args.optimizer}, buckets of {args.bucket_mb} MiB; "
+          f"medians of {args.steps} steps (slowest rank), modes interleaved step by step")
+    print(f"# CPU: {_cpu_model()}")
+    print(f"  {'stage':>5s} {'units':>5s} {'MiB':>6s} {'overlap':>8s} {'serial':>8s} {'compute':>8s} "
+          f"{'rs':>7s} {'ag':>7s} {'hideable':>8s} {'saved (IQR)':>20s} {'won':>7s} {'hidden':>7s} "
+          f"{'bound':>6s}")
+    print(f"  {'':>5s} {'':>5s} {'':>6s} {'ms':>8s} {'ms':>8s} {'ms':>8s} {'ms':>7s} {'ms':>7s} "
+          f"{'ms':>8s} {'ms':>20s}")
     for stage in args.stages:
         res = run(_rank, args.world, stage, args.layers, args.width, args.batch, args.layer_ms,
-                  args.bucket_mb, args.steps, args.warmup, mixed)
-        med = {m: statistics.median(max(ts) for ts in zip(*(r[m] for r in res)))
-               for m in ("overlap", "serial", "compute", "comm")}
-        hidden = (med["serial"] - med["overlap"]) / max(med["comm"], 1e-12)
-        print(f"  {stage:>5d} {res[0]['units']:>5d} {res[0]['mb']:6.1f} {med['overlap'] * 1e3:10.1f} "
-              f"{med['serial'] * 1e3:9.1f} {med['compute'] * 1e3:10.1f} {med['comm'] * 1e3:8.1f} "
-              f"{hidden * 100:6.0f}%", flush=True)
+                  args.bucket_mb, args.steps, args.warmup, mixed, args.optimizer)
+        s = summarise(res, stage)
+        iqr = f"{s['saved'] * 1e3:.1f} ({s['saved_q1'] * 1e3:.1f}..{s['saved_q3'] * 1e3:.1f})"
+        print(f"  {stage:>5d} {s['units']:>5d} {s['mb']:6.1f} {s['overlap'] * 1e3:8.1f} "
+              f"{s['serial'] * 1e3:8.1f} {s['compute'] * 1e3:8.1f} {s['rs'] * 1e3:7.1f} "
+              f"{s['ag'] * 1e3:7.1f} {s['hideable'] * 1e3:8.1f} {iqr:>20s} "
+              f"{s['wins']:>3d}/{s['steps']:<3d} {s['hidden'] * 100:6.0f}% {s['bound'] * 100:5.0f}%",
+              flush=True)
     return 0
 
 
