@@ -53,6 +53,11 @@ stages 1 and 2 reduce_scatter P and all_gather P, 2 (N-1)/N P elements, the volu
 ring all_reduce of the gradients; stage 3 gathers P twice (forward and backward) and
 reduce-scatters P, 3 (N-1)/N P, 1.5x.
 
+Sequence parallelism (the TP layers' sequence_parallel=True): the gradients of the
+parameters it marks (LayerNorms, RowParallelLinear's bias) are partial sums over the
+sequence chunks; pass tp_comm=g.tp and each is summed over the TP group as it arrives,
+before it goes into the DP reduction (ValueError at construction without tp_comm).
+
 Not supported (ValueError at construction): parameters of different dtypes or devices
 in one model; under stage 3 a parameter shared by two modules (tied embeddings: use
 stage 1 or 2). Under stage 3 every rank must run the same modules in the same order (the
@@ -129,6 +134,11 @@ class ZeroDataParallel(nn.Module):
         overlap: False defers every reduce_scatter to step() and, under stage 3, turns
             off the prefetch of the next module's gather (the baseline of the benchmark).
             Stage 1 reduces in step() either way (its full gradients stay until then).
+        tp_comm: the tensor-parallel communicator, needed when the module has
+            sequence-parallel parameters (marked sequence_parallel by the TP layers:
+            their gradients are partial sums over the sequence chunks): each such
+            gradient is summed over tp_comm before it is reduced over comm (what
+            sync_sequence_parallel_grads does for DataParallel, which keeps p.grad).
 
     z(*inputs) runs the module; after backward, z.step() finishes the reductions, steps
     this rank's shards and gathers what the stage keeps in full. z.optimizer is the
@@ -136,7 +146,8 @@ class ZeroDataParallel(nn.Module):
     """
 
     def __init__(self, module, comm, stage=1, optimizer_class=torch.optim.AdamW,
-                 mixed_precision=None, bucket_cap_mb=25, overlap=True, **optimizer_kwargs):
+                 mixed_precision=None, bucket_cap_mb=25, overlap=True, tp_comm=None,
+                 **optimizer_kwargs):
         super().__init__()
         if stage not in (1, 2, 3):
             raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}")
@@ -171,6 +182,13 @@ class ZeroDataParallel(nn.Module):
         self._cap = max(1, int(bucket_cap_mb * 2 ** 20))
         self._params = params
         self._managed = {id(p) for p in params}
+        self._sp = {id(p) for p in params if getattr(p, "sequence_parallel", False)}
+        if self._sp and tp_comm is None:
+            raise ValueError(f"{len(self._sp)} parameters are marked sequence_parallel (their "
+                             f"gradients are partial sums over the tensor-parallel group): pass "
+                             f"tp_comm=<the tensor-parallel communicator> so that ZeRO sums them "
+                             f"there before reducing them")
+        self._tp = tp_comm if self._sp and tp_comm.world_size > 1 else None
         self.comm_stats = {"reduce_scatter_bytes": 0, "all_gather_bytes": 0,
                            "reduce_scatter_calls": 0, "all_gather_calls": 0}
         self.units = self._make_units(params)
@@ -362,6 +380,7 @@ class ZeroDataParallel(nn.Module):
                 self._retire(u)
             if u.bucket is None:
                 self._new_bucket(u)
+            self._sum_sequence_parallel(p, p.grad)
             v = u.view(u.bucket, i)
             if i in u.ready:  # a second backward before the reduction
                 v.add_(p.grad)
@@ -379,6 +398,12 @@ class ZeroDataParallel(nn.Module):
         if self.stage == 3 and len(u.seen) == len(u.params):
             u.seen.clear()
             self._free(u)  # its backward is over
+
+    def _sum_sequence_parallel(self, p, grad):
+        """A sequence-parallel parameter's gradient, summed over the TP group in place
+        (every TP rank runs the same backward, so the calls meet in the same order)."""
+        if self._tp is not None and id(p) in self._sp:
+            self._tp.all_reduce(grad)
 
     def _new_bucket(self, u):
         # empty, not zeros: every parameter's slice is written once (copy or zero), the pad here
@@ -400,6 +425,7 @@ class ZeroDataParallel(nn.Module):
                 if p.grad is None:
                     v.zero_()
                 else:
+                    self._sum_sequence_parallel(p, p.grad)
                     v.copy_(p.grad)
                     p.grad = None
         while len(self._in_flight) >= _MAX_IN_FLIGHT:
@@ -454,6 +480,7 @@ class ZeroDataParallel(nn.Module):
                     elif p.grad is not v:
                         v.copy_(p.grad)
                         p.grad = v
+                    self._sum_sequence_parallel(p, v)
                 out = torch.empty(u.shard, dtype=self.compute_dtype, device=self.device)
                 self._count("reduce_scatter", u.shard, self.compute_dtype)
                 works.append((self.comm.reduce_scatter(out, u.grad_full, op="avg", async_op=True), out))
