@@ -1,17 +1,26 @@
 """The plan cache (csrc/comm/plan_cache.h): a repeated call's plan is re-based from the
 cache instead of planned again, and must be the plan planned afresh, step for step.
 
-It drives the native checker (csrc/comm/plan_cache_check.h: one rank's cache
+The first half drives the native checker (csrc/comm/plan_cache_check.h: one rank's cache
 over fake buffers, never read or written, each plan it hands out compared with
 plan_call's fresh one) over every op, schedule family, world size 1-9, rank, count, root,
 ring order and in-place form, moving the buffers between calls as a training loop's
 fresh tensors move; and checks which calls hit, miss or are never kept. No process is
-spawned for it."""
+spawned for it.
+
+The second half runs the collective matrix (every primitive, op, count, root and
+in-place form; one dtype per element size) twice on spawned ranks (world sizes 1-5, the
+harness's hard timeouts) with the cache on, against numpy references, and reads the
+communicators' counters: with room for every signature the second pass is all hits;
+with the default 64 plans, plans are evicted and the results stay right. With
+RINGCOMM_PLAN_CACHE=0 nothing is counted and the results are the same."""
 
 import random
 
 import pytest
 
+import checks
+import harness
 from ringcomm import _C
 
 SLICE = 16  # elements per ring round per block: larger counts take several rounds
@@ -274,3 +283,98 @@ def test_checker_refuses_bad_calls():
         _checker().plan("scatter", algo="bruck")
     with pytest.raises(ValueError, match="permutation"):
         _C.PlanCacheChecker(0, 3, ring=[0, 1, 1])
+
+
+# ----------------------------------------------------------- spawned ranks
+
+# Fewer dtypes than the full matrix (the plan depends only on the element size: one
+# dtype of each size), every primitive, op, count, root and in-place form.
+MATRIX = dict(dtypes=("int8", "float16", "float32", "float64", "bool"), counts=(0, 1, 7, 1000, 20011))
+
+
+def _twice(comm):
+    first = checks.collective_matrix(comm, tag="twice ", **MATRIX)
+    s1 = comm.plan_cache_stats()
+    second = checks.collective_matrix(comm, tag="twice ", **MATRIX)  # the same calls, fresh buffers
+    s2 = comm.plan_cache_stats()
+    return first + second, s1, s2, comm.pull_enabled
+
+
+def _stats_failures(results, capacity, exact):
+    """`exact`: every call of the matrix is planned (no latency path taken by some
+    and not others, as timing decides), and the cache holds them all, so the second
+    pass plans the same calls and every one hits."""
+    failures = []
+    for rank, (_, s1, s2, _) in enumerate(results):
+        planned_first = s1["hits"] + s1["misses"] + s1["uncached"]
+        planned_second = s2["hits"] + s2["misses"] + s2["uncached"] - planned_first
+        hits_second = s2["hits"] - s1["hits"]
+        if capacity == 0:
+            if any(s2[k] for k in ("hits", "misses", "uncached", "entries")) or s2["capacity"] != 0:
+                failures.append(f"rank {rank}: the cache is off but counted {s2}")
+            continue
+        if s2["entries"] > capacity:
+            failures.append(f"rank {rank}: {s2['entries']} plans held, more than {capacity}")
+        if not exact:
+            if planned_second == 0 or hits_second == 0:
+                failures.append(f"rank {rank}: no hit in the second pass: {s1} then {s2}")
+            continue
+        if planned_first == 0 or planned_second != planned_first:
+            failures.append(f"rank {rank}: {planned_first} calls planned in the first pass, {planned_second} "
+                            f"in the second ({s1} then {s2})")
+        if s2["misses"] != s1["misses"] or s2["evictions"] != 0 or s2["uncached"] != s1["uncached"]:
+            failures.append(f"rank {rank}: the second pass missed: {s1} then {s2}")
+        if hits_second != planned_second:
+            failures.append(f"rank {rank}: not every call hit the second time: {s1} then {s2}")
+    return failures
+
+
+def _run_twice(world_size, env, exact=True, hard_timeout=240):
+    capacity = int(env.get("RINGCOMM_PLAN_CACHE", 64))
+    results = harness.run_ranks(_twice, world_size, env=env, comm_timeout=30.0, hard_timeout=hard_timeout)
+    harness.assert_no_failures([r[0] for r in results])
+    failures = _stats_failures(results, capacity, exact)
+    assert not failures, "\n".join(failures)
+    return results
+
+
+# The small synchronous all_reduce's latency path plans nothing, and whether a call
+# takes it depends on timing (not behind a queued call): off, for exact counts.
+EXACT = {"RINGCOMM_PLAN_CACHE": "4096", "RINGCOMM_ONESHOT_MAX_BYTES": "0"}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+def test_matrix_twice_with_the_cache_on(world_size):
+    """Every primitive against numpy, twice; the second pass is all hits (the cache
+    holds every signature of the matrix: no eviction)."""
+    _run_twice(world_size, EXACT)
+
+
+def test_matrix_with_forced_families_twice():
+    """The families auto rarely picks at these sizes: trees, Bruck, Rabenseifner, with
+    tiny slots (many ring rounds)."""
+    _run_twice(3, {**EXACT, "RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_SLOTS": "4",
+                   "RINGCOMM_ALGO": "all_reduce:rabenseifner,broadcast:tree,reduce:tree,all_gather:bruck"})
+
+
+def test_matrix_twice_with_default_tuning():
+    """The default cache (64 plans, fewer than the matrix's signatures: plans are
+    evicted and planned again) and the latency path on: results right, hits."""
+    results = _run_twice(4, {}, exact=False)
+    assert all(r[2]["evictions"] > 0 and r[2]["entries"] == 64 for r in results), [r[2] for r in results]
+
+
+def test_matrix_with_the_cache_off():
+    _run_twice(3, {"RINGCOMM_PLAN_CACHE": "0"}, exact=False)
+
+
+def test_pull_plans_are_planned_afresh():
+    """Pull schedules are never kept (their planning writes this rank's address into
+    the table the peers read): every planned call uncached, the results right."""
+    results = harness.run_ranks(_twice, 2, env={"RINGCOMM_ALGO": "pull", "RINGCOMM_PULL_MIN_BYTES": "1"},
+                                comm_timeout=30.0, hard_timeout=240)
+    harness.assert_no_failures([r[0] for r in results])
+    if not all(r[3] for r in results):
+        pytest.skip("single-copy pulls are not available here (cross-memory attach)")
+    for rank, (_, _, s2, _) in enumerate(results):
+        assert s2["uncached"] > 0 and s2["hits"] == s2["misses"] == s2["entries"] == 0, (rank, s2)

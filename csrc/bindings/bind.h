@@ -18,7 +18,7 @@ void bind_device_sim(pybind11::module_& m);
 void bind_ipc_sim(pybind11::module_& m);
 // Test hook: the plan checker (comm/plan_check.h).
 void bind_plan_check(pybind11::module_& m);
-// Test hook: the plan cache's checker (comm/plan_cache_check.h).
+// The plan cache: a communicator's counters and its test-hook checker. After bind_communicator.
 void bind_plan_cache(pybind11::module_& m);
 
 #ifdef RINGCOMM_WITH_CUDA

@@ -1,5 +1,5 @@
-// The plan cache (comm/plan_cache.h): the checker the tests drive
-// (comm/plan_cache_check.h, not public API).
+// The plan cache (comm/plan_cache.h): a communicator's counters, and the
+// checker the tests drive (comm/plan_cache_check.h, not public API).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "bindings/bind.h"
+#include "comm/communicator.h"
 #include "comm/plan_cache_check.h"
 #include "ringcomm/types.h"
 
@@ -59,6 +60,9 @@ void tamper_with(Schedule& steps, size_t i, const std::string& field) {
 }  // namespace
 
 void bind_plan_cache(py::module_& m) {
+  auto comm = py::reinterpret_borrow<py::class_<Communicator>>(m.attr("Communicator"));
+  comm.def("plan_cache_stats", [](const Communicator& c) { return stats_dict(c.plan_cache_stats()); });
+
   py::class_<PlanCacheChecker>(m, "PlanCacheChecker",
                                "Test hook: one rank's plan cache over fake buffers, each plan it hands out "
                                "compared with a fresh one (comm/plan_cache_check.h). Not public API.")
