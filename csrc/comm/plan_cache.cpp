@@ -1,6 +1,7 @@
 #include "comm/plan_cache.h"
 
 #include <algorithm>
+#include <exception>
 
 namespace ringcomm {
 namespace {
@@ -169,9 +170,14 @@ PlanCache::Entry& PlanCache::build(const PlanContext& c, const CallPlan& call, c
   PlanContext sc = c;
   sc.out = &e.steps;
   sc.addrs = addrs_.data();
-  e.family = plan_call(sc, sym);
+  bool ok = true;
+  try {
+    e.family = plan_call(sc, sym);
+  } catch (const std::exception&) {
+    ok = false;  // the call runs its fresh plan; the cache only keeps none
+  }
 
-  bool ok = e.family == family && e.steps.size() == c.out->size() - shift && e.steps.size() <= max_steps_ &&
+  ok = ok && e.family == family && e.steps.size() == c.out->size() - shift && e.steps.size() <= max_steps_ &&
             std::all_of(addrs_.begin(), addrs_.end(), [](uint64_t a) { return a == kUntouched; });
   const Bases b = bases_of(call);
   for (size_t i = 0; ok && i < e.steps.size(); ++i) {
