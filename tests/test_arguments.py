@@ -178,6 +178,8 @@ ENV_BAD = [
 ] + [
     ("RINGCOMM_YIELD_US", v) for v in ("-0.5", "nan", "1e12")
 ] + [
+    ("RINGCOMM_PLAN_CACHE", v) for v in ("-1", "4097", "off", "1.5")
+] + [
     ("RINGCOMM_HOST_ID", "h" * 300),
     ("RINGCOMM_HOST_ID", "host\nid"),
     ("RINGCOMM_SOCKET_IFNAME", "a" * 16),
@@ -208,6 +210,8 @@ ENV_GOOD = [
     ("RINGCOMM_SLOTS", "3"),
     ("RINGCOMM_SPIN_US", "0"),
     ("RINGCOMM_YIELD_US", "2.5"),
+    ("RINGCOMM_PLAN_CACHE", "0"),
+    ("RINGCOMM_PLAN_CACHE", "4096"),
     ("RINGCOMM_HOST_ID", "my-host/1"),
     ("RINGCOMM_SOCKET_IFNAME", "lo, eth0"),
 ]
@@ -224,8 +228,9 @@ def test_environment_values_reach_the_config(monkeypatch):
     monkeypatch.setenv("RINGCOMM_PULL", "0")
     monkeypatch.setenv("RINGCOMM_SLOTS", "4")
     monkeypatch.setenv("RINGCOMM_SPIN_US", "0")
+    monkeypatch.setenv("RINGCOMM_PLAN_CACHE", "0")
     cfg = make_config()
-    assert (cfg.timeout_s, cfg.pull, cfg.nslots, cfg.spin_us) == (12.5, False, 4, 0.0)
+    assert (cfg.timeout_s, cfg.pull, cfg.nslots, cfg.spin_us, cfg.plan_cache_entries) == (12.5, False, 4, 0.0, 0)
     assert make_config(timeout=3).timeout_s == 3.0  # the keyword wins
 
 

@@ -54,6 +54,15 @@ struct Step {
   size_t after = SIZE_MAX;
 };
 
+// Field by field (a Step's padding is not part of it): how a kept plan is
+// checked against a fresh one (comm/plan_cache.cpp).
+inline bool operator==(const Step& a, const Step& b) {
+  return a.kind == b.kind && a.divide == b.divide && a.recv_peer == b.recv_peer && a.send_peer == b.send_peer &&
+         a.dst == b.dst && a.src == b.src && a.src2 == b.src2 && a.nbytes == b.nbytes && a.tag == b.tag &&
+         a.remote_base == b.remote_base && a.remote_offset == b.remote_offset && a.after == b.after;
+}
+inline bool operator!=(const Step& a, const Step& b) { return !(a == b); }
+
 inline bool is_local(StepKind k) {
   return k == StepKind::kLocalCopy || k == StepKind::kLocalReduce || k == StepKind::kFence;
 }

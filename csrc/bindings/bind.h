@@ -18,6 +18,8 @@ void bind_device_sim(pybind11::module_& m);
 void bind_ipc_sim(pybind11::module_& m);
 // Test hook: the plan checker (comm/plan_check.h).
 void bind_plan_check(pybind11::module_& m);
+// The plan cache: a communicator's counters and its test-hook checker. After bind_communicator.
+void bind_plan_cache(pybind11::module_& m);
 
 #ifdef RINGCOMM_WITH_CUDA
 void bind_cuda(pybind11::module_& m);  // bindings/cuda/bind_cuda.cpp

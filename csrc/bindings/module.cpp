@@ -23,6 +23,7 @@ PYBIND11_MODULE(_C, m) {
   ringcomm::bind_device_sim(m);
   ringcomm::bind_ipc_sim(m);
   ringcomm::bind_plan_check(m);
+  ringcomm::bind_plan_cache(m);
 #ifdef RINGCOMM_WITH_CUDA
   ringcomm::bind_cuda(m);
 #endif

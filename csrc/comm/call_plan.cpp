@@ -18,6 +18,21 @@ size_t scratch_bytes(const CallPlan& d, size_t elem, int world) {
   }
 }
 
+void call_buffer_bytes(OpKind kind, size_t count, size_t elem, int world, size_t* in, size_t* out) {
+  const size_t b = count * elem, all = b * static_cast<size_t>(world);
+  switch (kind) {
+    case OpKind::kReduceScatter:
+    case OpKind::kScatter: *in = all, *out = b; return;
+    case OpKind::kAllGather:
+    case OpKind::kGather: *in = b, *out = all; return;
+    case OpKind::kAllToAll: *in = b, *out = b; return;
+    case OpKind::kAllReduce:
+    case OpKind::kBroadcast:
+    case OpKind::kReduce: *in = 0, *out = b; return;  // in place
+    default: *in = 0, *out = 0; return;
+  }
+}
+
 ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
   const size_t bytes = d.count * c.elem;
   const bool pull = d.algo == Algo::kPull;

@@ -42,6 +42,11 @@ inline size_t ring_slice_elems(size_t slot_bytes, int nslots, size_t elem) {
 // Bytes of scratch `call`'s family needs (0 for most).
 size_t scratch_bytes(const CallPlan& call, size_t elem, int world);
 
+// Bytes of the input and the output a collective of `kind` moving `count`
+// elements (as CallPlan::count counts them) has on every rank, as the
+// communicator validates them (the input is 0 for in-place ops).
+void call_buffer_bytes(OpKind kind, size_t count, size_t elem, int world, size_t* in, size_t* out);
+
 // Appends the call's steps to c.out (c.elem is the element size) and returns
 // the family every message of the call carries (MsgTag::algo). Barrier and
 // send/recv are not collectives here (comm/communicator.cpp plans them).

@@ -55,6 +55,7 @@ Communicator::Communicator(int rank, int world, Config config)
       shm_(std::make_unique<ShmTransport>(rank, world, config_.slot_bytes, config_.nslots)),
       router_(rank, world, shm_.get()),
       executor_(&router_, rank, world, config_.wait),
+      plan_cache_(config_.plan_cache_entries),
       small_in_(world),
       addrs_(world),
       ring_order_(world),
@@ -127,6 +128,7 @@ void Communicator::set_ring_order(const std::vector<int>& order) {
   ring_identity_ = true;
   for (int i = 0; i < world_; ++i) ring_identity_ = ring_identity_ && order[i] == i;
   topo_.ring = ring_order_;
+  plan_cache_.clear();  // plans of the old order
   rebuild_model(model_.params());
 }
 
@@ -137,6 +139,7 @@ void Communicator::set_topology(const std::vector<int>& labels) {
   }
   topo_ = Topology::from_hosts(labels);
   topo_.ring = ring_order_;  // the order the rings really run in (set_ring_order)
+  plan_cache_.clear();       // plans of the old topology
   rebuild_model(model_.params());
 }
 
@@ -723,7 +726,7 @@ void Communicator::plan(Call& c) {
   const size_t need = scratch_bytes(call, elem, world_);
   if (scratch_.size() < need) scratch_.resize(need);
   call.scratch = scratch_.data();
-  c.tag.algo = plan_call(ctx, call);
+  c.tag.algo = plan_cache_.plan(ctx, call);
 }
 
 // The size of a call as the cost model (and nccl-tests) counts it: every

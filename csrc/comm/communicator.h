@@ -23,6 +23,7 @@
 #include "comm/describe.h"
 #include "comm/executor.h"
 #include "comm/p2p_match.h"
+#include "comm/plan_cache.h"
 #include "comm/work.h"
 #include "transport/router.h"
 #include "transport/shm/shm_transport.h"
@@ -57,6 +58,9 @@ struct Config {
   // The ring's order: "host" (host-contiguous) or "rank" (rank order, for
   // comparison: every hop of an interleaved placement crosses the network).
   std::string ring_order = "host";
+  // Plans kept per call signature and re-based onto each call's buffers
+  // (comm/plan_cache.h); 0: every call is planned afresh.
+  size_t plan_cache_entries = PlanCache::kDefaultEntries;
   WaitPolicy wait;
 };
 
@@ -117,6 +121,8 @@ class Communicator {
   // Parameters every rank agreed on (python/ringcomm/cost_model.py agree()).
   void set_cost_params(const CostParams& p);
   const CostModel& cost_model() const { return model_; }
+  // How often a call's plan came from the plan cache (any thread may ask).
+  PlanCacheStats plan_cache_stats() const { return plan_cache_.stats(); }
   // Every candidate for a call of `kind` moving `nbytes` (the size
   // nccl-tests reports) with its predicted seconds, what the call would run
   // first (forced or picked; NaN: not modelled, e.g. pull).
@@ -246,6 +252,7 @@ class Communicator {
   Router router_;                      // which transport reaches which peer
   Executor executor_;
   Schedule schedule_;           // reused by every call (one call runs at a time)
+  PlanCache plan_cache_;        // what plan() built, per call signature
   Schedule agreement_schedule_;  // agree_on_call's rounds
   uint64_t agreement_state_[4] = {};
   std::vector<char> scratch_;   // one-shot all_reduce inputs

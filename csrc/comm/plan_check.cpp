@@ -129,16 +129,7 @@ bool has_input(OpKind k) {
 }
 
 void buffer_bytes(const PlanCheckCall& c, size_t* in, size_t* out) {
-  const size_t b = c.count * c.elem, all = b * static_cast<size_t>(c.world);
-  switch (c.kind) {
-    case OpKind::kReduceScatter:
-    case OpKind::kScatter: *in = all, *out = b; return;
-    case OpKind::kAllGather:
-    case OpKind::kGather: *in = b, *out = all; return;
-    case OpKind::kAllToAll: *in = b, *out = b; return;
-    case OpKind::kBarrier: *in = 0, *out = 0; return;
-    default: *in = 0, *out = b; return;  // in place
-  }
+  call_buffer_bytes(c.kind, c.count, c.elem, c.world, in, out);
 }
 
 void validate(const PlanCheckCall& c) {

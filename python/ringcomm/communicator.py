@@ -522,6 +522,17 @@ class Communicator:
         return cost_model.agree(self._c(), self._store, f"{self._prefix}/cost/again{self._calibrations}", self.rank,
                                 self.world_size, "measure", None, self.host_of(), self._config.timeout_s)
 
+    # -- the plan cache -------------------------------------------------------
+    def plan_cache_stats(self):
+        """How this rank's CPU calls were planned (csrc/comm/plan_cache.h): a dict
+        with 'hits' (a kept plan re-based onto the call's buffers), 'misses'
+        (planned and kept), 'uncached' (planned, never kept: pull schedules,
+        plans over the step budget), 'evictions', 'entries' and 'steps' (held
+        now) and 'capacity' (RINGCOMM_PLAN_CACHE; 0: off). Calls that plan
+        nothing are not counted: barrier, send/recv, the small synchronous
+        all_reduce's latency path and the GPU path."""
+        return dict(self._c().plan_cache_stats())
+
     def host_of(self):
         """Each rank's host, numbered 0.. in the order of its lowest rank."""
         return list(self._c().host_of())

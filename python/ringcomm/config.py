@@ -26,6 +26,8 @@ RINGCOMM_COST_MODEL        what `auto` picks with: measure (default: links measu
                            most) | default (built-in figures) | a file `ringcomm-bench --calibrate` wrote
                            (read by rank 0 only; every rank must use the same setting)
 RINGCOMM_RING_ORDER        host (default: each host's ranks next to each other) | rank (rank order)
+RINGCOMM_PLAN_CACHE        plans a communicator keeps per call signature, re-based onto each repeated
+                           call's buffers (default 64; 0 plans every call afresh; at most 4096)
 RINGCOMM_HOST_ID           overrides the host identity (hostname + boot id; at most 255 characters)
 RINGCOMM_TRANSPORT         auto (shared memory on one host, TCP between hosts) | shm | tcp (every peer) |
                            cuda_ipc (GPU buffers over CUDA IPC among the ranks of one host, CPU buffers as
@@ -53,6 +55,8 @@ MAX_SLOT_BYTES = 1 << 30
 MAX_ONESHOT_BYTES = 1 << 30
 MAX_PULL_MIN_BYTES = (1 << 63) - 1
 MIN_SLOTS, MAX_SLOTS = 3, 4096
+# Plans kept (csrc/comm/plan_cache.h, which also bounds their steps together).
+MAX_PLAN_CACHE = 4096
 # Spin / yield phases become steady_clock nanoseconds (a duration_cast that
 # overflows past ~292 years); a minute is already far past any useful spin.
 MAX_WAIT_US = 60e6
@@ -181,6 +185,7 @@ def make_config(timeout=None, algo=None, transport=None):
     cfg.yield_us = _env_float("RINGCOMM_YIELD_US", cfg.yield_us, 0.0, MAX_WAIT_US)
     cfg.check_agreement = _env_int("RINGCOMM_CHECK_AGREEMENT", 1, 0, 1) == 1
     cfg.ring_order = _env_choice("RINGCOMM_RING_ORDER", "host", RING_ORDERS)
+    cfg.plan_cache_entries = _env_int("RINGCOMM_PLAN_CACHE", cfg.plan_cache_entries, 0, MAX_PLAN_CACHE)
     cfg.cost_model = _cost_model_setting()
     _check_host_settings()
     return cfg

@@ -1,0 +1,116 @@
+// The plan cache (comm/plan_cache.h): a communicator's counters, and the
+// checker the tests drive (comm/plan_cache_check.h, not public API).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <tuple>
+
+#include "bindings/bind.h"
+#include "comm/communicator.h"
+#include "comm/plan_cache_check.h"
+#include "ringcomm/types.h"
+
+namespace py = pybind11;
+
+namespace ringcomm {
+namespace {
+
+py::dict stats_dict(const PlanCacheStats& s) {
+  py::dict d;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["uncached"] = s.uncached;
+  d["evictions"] = s.evictions;
+  d["entries"] = s.entries;
+  d["steps"] = s.steps;
+  d["capacity"] = s.capacity;
+  return d;
+}
+
+OpKind collective_of(const std::string& name) {
+  OpKind k;
+  if (collective_from_name(name, &k) && k != OpKind::kBarrier) return k;
+  throw ValueError("plan cache check: unknown collective '" + name + "'");
+}
+
+// Changes step `i` of a plan the way `field` names (a difference the checker must report).
+void tamper_with(Schedule& steps, size_t i, const std::string& field) {
+  if (i >= steps.size()) {
+    throw ValueError("plan cache check: tamper: no step " + std::to_string(i) + " (the plan has " +
+                     std::to_string(steps.size()) + ")");
+  }
+  Step& s = steps[i];
+  if (field == "dst") {
+    s.dst += 1;
+  } else if (field == "src") {
+    s.src += 1;
+  } else if (field == "nbytes") {
+    s.nbytes += 1;
+  } else if (field == "tag") {
+    static const MsgTag stale{};
+    s.tag = &stale;
+  } else if (field == "after") {
+    s.after = s.after == SIZE_MAX ? 0 : SIZE_MAX;
+  } else {
+    throw ValueError("plan cache check: tamper: field must be dst, src, nbytes, tag or after, got '" + field + "'");
+  }
+}
+
+}  // namespace
+
+void bind_plan_cache(py::module_& m) {
+  auto comm = py::reinterpret_borrow<py::class_<Communicator>>(m.attr("Communicator"));
+  comm.def("plan_cache_stats", [](const Communicator& c) { return stats_dict(c.plan_cache_stats()); });
+
+  py::class_<PlanCacheChecker>(m, "PlanCacheChecker",
+                               "Test hook: one rank's plan cache over fake buffers, each plan it hands out "
+                               "compared with a fresh one (comm/plan_cache_check.h). Not public API.")
+      .def(py::init([](int rank, int world, size_t capacity, size_t max_steps, std::optional<std::vector<int>> ring,
+                       std::optional<std::vector<int>> hosts, size_t slice_elems) {
+             return new PlanCacheChecker(rank, world, capacity, max_steps, ring ? *ring : std::vector<int>{},
+                                         hosts ? *hosts : std::vector<int>{}, slice_elems);
+           }),
+           py::arg("rank"), py::arg("world"), py::arg("capacity") = PlanCache::kDefaultEntries,
+           py::arg("max_steps") = PlanCache::kMaxSteps, py::arg("ring") = py::none(), py::arg("hosts") = py::none(),
+           py::arg("slice_elems") = 16)
+      .def(
+          "plan",
+          [](PlanCacheChecker& ch, const std::string& op, const std::string& algo, size_t count, size_t elem_size,
+             int root, bool avg, uintptr_t out, uintptr_t in, uintptr_t scratch, bool in_place, size_t prefix,
+             std::optional<std::tuple<size_t, std::string>> tamper) {
+            CacheCheckCall c;
+            c.kind = collective_of(op);
+            // "op:name" makes the parser refuse a name the op has no schedule of.
+            c.algo = algo == "auto" ? Algo::kAuto : parse_algo_choice(op + ":" + algo).of(c.kind);
+            c.count = count;
+            c.elem = elem_size;
+            c.root = root;
+            c.avg = avg;
+            c.out = out;
+            c.in = in;
+            c.scratch = scratch;
+            c.in_place = in_place;
+            c.prefix = prefix;
+            std::function<void(Schedule&)> hook;
+            if (tamper) hook = [&](Schedule& s) { tamper_with(s, prefix + std::get<0>(*tamper), std::get<1>(*tamper)); };
+            const CacheCheckResult r = ch.plan(c, hook);
+            py::dict d;
+            d["mismatch"] = r.mismatch;
+            d["hit"] = r.hit;
+            d["kept"] = r.kept;
+            d["family"] = static_cast<int>(r.family);
+            d["steps"] = r.steps;
+            return d;
+          },
+          py::arg("op"), py::arg("algo") = "auto", py::arg("count") = 0, py::arg("elem_size") = 4, py::arg("root") = -1,
+          py::arg("avg") = false, py::arg("out") = 0, py::arg("in_") = 0, py::arg("scratch") = 0,
+          py::arg("in_place") = false, py::arg("prefix") = 0, py::arg("tamper") = py::none(),
+          "Plans one call through the cache and afresh: a dict with 'mismatch' (empty when they are equal, "
+          "else the first step and field that differ), 'hit', 'kept', 'family' and 'steps'. Buffers are fake "
+          "addresses (0: absent); tamper=(step, field) changes the cached plan first.")
+      .def("stats", [](const PlanCacheChecker& ch) { return stats_dict(ch.stats()); })
+      .def("clear", &PlanCacheChecker::clear);
+}
+
+}  // namespace ringcomm
