@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="measure ringcomm's cost model parameters on these ranks' links (median of "
            "--calibrate-runs runs) and write them to FILE for RINGCOMM_COST_MODEL=FILE; no sweep")
     a("--calibrate-runs", type=int, default=7, help="runs --calibrate takes the median of (default %(default)s)")
+    a("--calibrate-passes", type=int, default=None,
+      help="passes of the fit over every family and size, each point the median (default 3)")
     a("--calibrate-no-fit", action="store_true",
       help="--calibrate writes the link parameters only, without timing each schedule family "
            "and fitting its formula (bench/fit.py)")
@@ -141,6 +143,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         parser.error("--nproc must be >= 1")
     if args.calibrate_runs < 1:
         parser.error("--calibrate-runs must be >= 1")
+    if args.calibrate_passes is not None and args.calibrate_passes < 1:
+        parser.error("--calibrate-passes must be >= 1")
     if args.calibrate is not None:
         args.backends = ["ringcomm"]
     return args
@@ -347,7 +351,8 @@ class Sweep:
             timing = TimingParams(iters=9, warmup=3, min_iters=3, budget_s=0.25, check=True)
             points, failures = fit.measure_families(
                 self.control, make_backend, model, args.dtype, timing,
-                on_error=lambda text: print(text, file=sys.stderr, flush=True))
+                on_error=lambda text: print(text, file=sys.stderr, flush=True),
+                passes=args.calibrate_passes or fit.FIT_PASSES)
         finally:
             for k, v in saved.items():
                 if v is None:
