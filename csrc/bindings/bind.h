@@ -2,7 +2,18 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
+#include "comm/algo_choice.h"
+#include "comm/describe.h"
+
 namespace ringcomm {
+
+// Names the bindings take (args.cpp). A collective by its name, ValueError
+// listing the names otherwise (barrier only where `barrier_ok`).
+OpKind collective_arg(const std::string& name, bool barrier_ok = true);
+// The test hooks' algo=: "auto", or a family op `kind` has a schedule of.
+Algo algo_arg(const std::string& op, OpKind kind, const std::string& algo);
 
 void bind_errors(pybind11::module_& m);
 void bind_types(pybind11::module_& m);

@@ -18,14 +18,6 @@ namespace py = pybind11;
 namespace ringcomm {
 namespace {
 
-OpKind op_from_name(const std::string& name) {
-  OpKind k;
-  if (collective_from_name(name, &k)) return k;
-  throw ValueError("unknown collective '" + name +
-                   "' (all_reduce, reduce_scatter, all_gather, broadcast, reduce, scatter, gather, all_to_all, "
-                   "barrier)");
-}
-
 py::dict link_dict(const LinkCost& l) {
   py::dict d;
   d["alpha"] = l.alpha;
@@ -133,7 +125,7 @@ void bind_cost_model(py::module_& m) {
            py::arg("host_labels"), py::arg("params"), py::arg("slot_bytes") = 128 * 1024,
            py::arg("oneshot_max_bytes") = 64 * 1024, py::arg("check_agreement") = true)
       .def("predict", [](const CostModel& c, const std::string& op, size_t nbytes) {
-             return named(c.predict(op_from_name(op), nbytes));
+             return named(c.predict(collective_arg(op), nbytes));
            })
       .def("params", [](const CostModel& c) { return params_dict(c.params()); });
 
@@ -145,7 +137,7 @@ void bind_cost_model(py::module_& m) {
       .def("set_cost_params", [](Communicator& c, const py::dict& d) { c.set_cost_params(params_from(d)); })
       .def("cost_params", [](const Communicator& c) { return params_dict(c.cost_model().params()); })
       .def("explain", [](const Communicator& c, const std::string& op, size_t nbytes) {
-        return c.explain(op_from_name(op), nbytes);
+        return c.explain(collective_arg(op), nbytes);
       });
 }
 

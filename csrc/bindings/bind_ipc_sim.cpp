@@ -65,18 +65,6 @@ class IpcHostComm {
   bool closed_ = false;
 };
 
-OpKind kind_of(const std::string& kind) {
-  static const std::pair<const char*, OpKind> kinds[] = {
-      {"all_reduce", OpKind::kAllReduce}, {"reduce_scatter", OpKind::kReduceScatter},
-      {"all_gather", OpKind::kAllGather}, {"broadcast", OpKind::kBroadcast},
-      {"reduce", OpKind::kReduce},         {"scatter", OpKind::kScatter},
-      {"gather", OpKind::kGather},         {"all_to_all", OpKind::kAllToAll}};
-  for (auto& [n, v] : kinds) {
-    if (kind == n) return v;
-  }
-  throw ValueError("unknown collective " + kind);
-}
-
 }  // namespace
 
 void bind_ipc_sim(py::module_& m) {
@@ -107,7 +95,7 @@ void bind_ipc_sim(py::module_& m) {
           "collective",
           [](IpcHostComm& c, const std::string& kind, py::object out, py::object in, int op, int root,
              const std::string& family) {
-            const OpKind k = kind_of(kind);
+            const OpKind k = collective_arg(kind, /*barrier_ok=*/false);
             Buffer o = buffer_from_python(out, "output", true, true);
             Buffer i = buffer_from_python(in, "input", false, true);
             const bool by_input = k == OpKind::kAllGather || k == OpKind::kGather || k == OpKind::kAllToAll;

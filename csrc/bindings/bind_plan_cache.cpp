@@ -28,12 +28,6 @@ py::dict stats_dict(const PlanCacheStats& s) {
   return d;
 }
 
-OpKind collective_of(const std::string& name) {
-  OpKind k;
-  if (collective_from_name(name, &k) && k != OpKind::kBarrier) return k;
-  throw ValueError("plan cache check: unknown collective '" + name + "'");
-}
-
 // Changes step `i` of a plan the way `field` names (a difference the checker must report).
 void tamper_with(Schedule& steps, size_t i, const std::string& field) {
   if (i >= steps.size()) {
@@ -80,9 +74,8 @@ void bind_plan_cache(py::module_& m) {
              int root, bool avg, uintptr_t out, uintptr_t in, uintptr_t scratch, bool in_place, size_t prefix,
              std::optional<std::tuple<size_t, std::string>> tamper) {
             CacheCheckCall c;
-            c.kind = collective_of(op);
-            // "op:name" makes the parser refuse a name the op has no schedule of.
-            c.algo = algo == "auto" ? Algo::kAuto : parse_algo_choice(op + ":" + algo).of(c.kind);
+            c.kind = collective_arg(op, /*barrier_ok=*/false);
+            c.algo = algo_arg(op, c.kind, algo);
             c.count = count;
             c.elem = elem_size;
             c.root = root;

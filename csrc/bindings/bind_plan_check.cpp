@@ -15,12 +15,6 @@ namespace py = pybind11;
 namespace ringcomm {
 namespace {
 
-OpKind op_of(const std::string& name) {
-  OpKind k;
-  if (collective_from_name(name, &k)) return k;
-  throw ValueError("check_plan: unknown collective '" + name + "'");
-}
-
 const char* family_name(ScheduleFamily f) {
   switch (f) {
     case kFamilyFifo: return "fifo";
@@ -56,9 +50,8 @@ void bind_plan_check(py::module_& m) {
          std::optional<std::tuple<int, size_t, size_t>> resize, std::optional<std::tuple<int, size_t, long>> after,
          std::optional<std::vector<int>> hosts) {
         PlanCheckCall c;
-        c.kind = op_of(op);
-        // "op:name" makes the parser refuse a name the op has no schedule of.
-        c.algo = algo == "auto" ? Algo::kAuto : parse_algo_choice(op + ":" + algo).of(c.kind);
+        c.kind = collective_arg(op);
+        c.algo = algo_arg(op, c.kind, algo);
         c.world = world;
         c.count = count;
         c.elem = elem_size;
