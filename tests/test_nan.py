@@ -25,7 +25,7 @@ import pytest
 
 import checks
 import harness
-from ringcomm import ReduceOp, _C
+from ringcomm import ReduceOp, _C, _C_testing
 
 FLOATS = checks.FLOAT_DTYPES
 ARITH = ("sum", "prod", "min", "max", "avg")
@@ -312,7 +312,7 @@ def test_device_executor_propagates_nan(world):
                 for algo in ("auto", "recursive_doubling", "rabenseifner"):
                     rows, ref = _planted(dtype, op, seed, world, n)
                     bufs = [checks.make_buf(v, dtype, cont) for v in rows]
-                    _C._simulate_device_call("all_reduce", bufs, [None] * world, code, -1, 256, 10.0, algo)
+                    _C_testing._simulate_device_call("all_reduce", bufs, [None] * world, code, -1, 256, 10.0, algo)
                     for r in range(world):
                         err = _nan_aware_diff(bufs[r], ref, tol)
                         if err:
@@ -321,14 +321,14 @@ def test_device_executor_propagates_nan(world):
                     root = seed % world
                     rows, ref = _planted(dtype, op, seed, world, n)
                     bufs = [checks.make_buf(v, dtype, cont) for v in rows]
-                    _C._simulate_device_call("reduce", bufs, [None] * world, code, root, 256, 10.0, algo)
+                    _C_testing._simulate_device_call("reduce", bufs, [None] * world, code, root, 256, 10.0, algo)
                     err = _nan_aware_diff(bufs[root], ref, tol)
                     if err:
                         fails.append(f"reduce {algo} {dtype} {op} n={n} root {root}: {err}")
                 rows, ref = _planted(dtype, op, seed, world, world * n)
                 ins = [checks.make_buf(v, dtype, cont) for v in rows]
                 outs = [checks.empty_buf(n, dtype, cont) for _ in range(world)]
-                _C._simulate_device_call("reduce_scatter", outs, ins, code, -1, 256, 10.0)
+                _C_testing._simulate_device_call("reduce_scatter", outs, ins, code, -1, 256, 10.0)
                 for r in range(world):
                     err = _nan_aware_diff(outs[r], ref[r * n:(r + 1) * n], tol)
                     if err:
@@ -340,7 +340,7 @@ def test_device_executor_propagates_nan(world):
 
 
 def _family(algo, default, dtype, op, reduces=True):
-    return _C._gpu_family(algo, default, CODES[dtype], int(ReduceOp[op.upper()]), reduces)
+    return _C_testing._gpu_family(algo, default, CODES[dtype], int(ReduceOp[op.upper()]), reduces)
 
 
 def test_gpu_auto_never_sends_floating_min_max_to_nccl():
@@ -382,6 +382,6 @@ def test_forcing_nccl_on_floating_min_max_is_refused(how):
 
 def test_gpu_family_arguments_are_checked():
     with pytest.raises(ValueError, match="not one of auto, nccl, ring"):
-        _C._gpu_family("fast", "auto", 2, 0, True)
+        _C_testing._gpu_family("fast", "auto", 2, 0, True)
     with pytest.raises(ValueError, match="out of range"):
-        _C._gpu_family("auto", "auto", 9, 0, True)
+        _C_testing._gpu_family("auto", "auto", 9, 0, True)

@@ -1,7 +1,7 @@
 // Test hooks for the GPU path's logic that runs without a GPU. Not part of the
 // public API.
 // - _simulate_device_call: one collective of the GPU "ring" family through
-//   the device executor over the in-process NCCL stand-in (comm/device_sim.h),
+//   the device executor over the in-process NCCL stand-in (testing/device_sim.h),
 //   all ranks on threads of this process, on numpy buffers;
 // - _gpu_family: the rule that picks a GPU call's family (comm/gpu_algo.h);
 // - _FaultRecord / _AbortGate: the GPU communicator's fault bookkeeping
@@ -19,9 +19,9 @@
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
 #include "comm/call_plan.h"
-#include "comm/device_sim.h"
 #include "comm/fault_state.h"
 #include "comm/gpu_algo.h"
+#include "testing/device_sim.h"
 
 namespace py = pybind11;
 

@@ -6,7 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bind.h"
-#include "comm/cuda/cuda_util.h"
+#include "common/cuda/cuda_util.h"
 #include "comm/cuda/gpu_communicator.h"
 #include "reduce/cuda/kernels.h"
 #include "transport/nccl/nccl_api.h"
