@@ -36,7 +36,7 @@ def tree(tmp_path):
 def plant(path, include, after="#pragma once\n"):
     """Adds `#include "include"` to `path`; returns its line number."""
     s = path.read_text()
-    if after in s:
+    if after and after in s:
         head, tail = s.split(after, 1)
         head += after
     else:

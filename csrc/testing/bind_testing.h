@@ -1,5 +1,5 @@
 // The test hooks' bindings (ringcomm._C_testing, testing/module.cpp). Not
-// public API: the tests and scripts/ drive them, the package never imports them.
+// public API: the tests drive them, the package never imports them.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -1,7 +1,7 @@
 // ringcomm._C_testing: the test hooks (the device simulation, the cuda_ipc
 // protocol over host memory, the plan checker and the plan cache checker),
 // kept out of the production module ringcomm._C. Built and installed beside
-// it; only tests/ and scripts/ import it.
+// it; only tests/ imports it (the package never does).
 #include <pybind11/pybind11.h>
 
 #include "testing/bind_testing.h"
