@@ -148,6 +148,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     problems = check(args.csrc)
     if problems:
+        if args.stamp and os.path.exists(args.stamp):
+            os.remove(args.stamp)  # no stale "ok" for the build to trust
         print("ringcomm layer check failed (rules: csrc/check_layers.py):", file=sys.stderr)
         for line in problems:
             print("  " + line, file=sys.stderr)
