@@ -419,6 +419,8 @@ def test_each_rank_builds_its_nccl_communicator_with_rank_0s_settings(monkeypatc
     made = []
 
     class FakeC:
+        parse_algo = staticmethod(_C.parse_algo)  # the real name parser
+
         @staticmethod
         def cuda_pci_bus_id(device):  # each rank its own GPU (rank 1 native()s on a thread)
             return "0000:01:00.0" if threading.current_thread() is threading.main_thread() else "0000:02:00.0"
@@ -487,6 +489,7 @@ def test_ranks_sharing_a_gpu_build_a_cuda_ipc_communicator(monkeypatch):
 
     class FakeC:
         GpuCommunicator = FakeGpuCommunicator
+        parse_algo = staticmethod(_C.parse_algo)  # the real name parser
 
         @staticmethod
         def cuda_pci_bus_id(device):

@@ -32,6 +32,10 @@ enum class Algo : uint8_t {
   kBruck,
   kHierarchical,
   kDirect,
+  // GPU only (comm/chooser.h): NCCL's own collective, and cuda_ipc's
+  // two-shot all_reduce (kOneShot is also cuda_ipc's one-shot protocol).
+  kNccl,
+  kTwoShot,
 };
 constexpr int kNumOpKinds = static_cast<int>(OpKind::kBarrier) + 1;
 
@@ -43,6 +47,8 @@ struct AlgoChoice {
 
 // Throws ValueError naming what is wrong (an unknown name or op, a name the op lacks).
 AlgoChoice parse_algo_choice(const std::string& text);
+// Any algorithm's name (every device's: algo_name spells them); false if unknown.
+bool parse_algo_name(const std::string& name, Algo* out);
 const char* algo_name(Algo a);
 // The family op `k` runs when nothing else is chosen: kRing (all_reduce,
 // reduce_scatter, all_gather; the chain for broadcast and reduce), kDirect

@@ -34,7 +34,7 @@ Algorithms (``algo=`` per call, or RINGCOMM_GPU_ALGO): "nccl" (NCCL's collective
 "ring" (ringcomm's schedules over NCCL send/recv with ringcomm's CUDA kernels), "auto"
 (nccl where NCCL reduces alike; ring for bool, the bitwise ops and floating-point MIN/MAX,
 whose NCCL versions drop NaN where ringcomm propagates it: "nccl" forced on those raises
-ValueError; the rule is csrc/comm/gpu_algo.h). Rank 0's RINGCOMM_GPU_ALGO and
+ValueError; the rule is csrc/comm/chooser.h). Rank 0's RINGCOMM_GPU_ALGO and
 RINGCOMM_GPU_CHUNK_BYTES hold for every rank (agreed when an NCCL communicator is
 created): ranks that ran different families would wait on each other until the watchdog
 fired.
@@ -49,10 +49,16 @@ from ringcomm.work import seconds
 _TORCH_DTYPES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
                  "int8": 4, "uint8": 5, "int32": 6, "int64": 7, "bool": 8}
 _TYPESTRS = {"f2": 0, "f4": 2, "f8": 3, "i1": 4, "u1": 5, "i4": 6, "i8": 7, "b1": 8}
-GPU_ALGOS = ("auto", "nccl", "ring")
-# all_reduce's per-call algo= over cuda_ipc may also name the one-shot / two-shot protocols.
-IPC_ALL_REDUCE_ALGOS = ("oneshot", "twoshot")
 DEFAULT_CHUNK_BYTES = 4 << 20
+
+
+def _known_algo(device, name):
+    """Whether `name` (a value read from the store) is an algorithm `device` runs."""
+    try:
+        _C.parse_algo(device, name, "algo")
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def compiled():
@@ -279,7 +285,7 @@ def agree_settings(store, key, rank, timeout_s, mine, make_uid):
     bootstrap.wait_keys(store, [key], timeout_s, "waiting for rank 0's NCCL unique id and GPU settings", rank)
     shared = json.loads(bootstrap._text(store.get(key)))
     chunk, algo = shared.get("chunk"), shared.get("algo")
-    if not isinstance(chunk, int) or algo not in GPU_ALGOS or not isinstance(shared.get("uid"), str):
+    if not isinstance(chunk, int) or not _known_algo("nccl", algo) or not isinstance(shared.get("uid"), str):
         raise RingcommError(f"ringcomm: rank 0's GPU settings under {key!r} are not what this rank expects "
                             f"(got {sorted(shared)}); do all ranks run the same ringcomm version?")
     return shared
@@ -299,10 +305,8 @@ class GpuPath:
         self._created = 0
         self._inflight = []  # (native work, buffers): references held until its event completed
         self._lock = threading.Lock()
-        algo = os.environ.get("RINGCOMM_GPU_ALGO", "auto") or "auto"
-        if algo not in GPU_ALGOS:
-            raise ValueError(f"RINGCOMM_GPU_ALGO={algo!r} is not one of {', '.join(GPU_ALGOS)}")
-        self._default_algo = algo
+        self._default_algo = _C.parse_algo("nccl", os.environ.get("RINGCOMM_GPU_ALGO", "auto") or "auto",
+                                           "RINGCOMM_GPU_ALGO")
         raw = os.environ.get("RINGCOMM_GPU_CHUNK_BYTES") or str(DEFAULT_CHUNK_BYTES)
         try:
             self._chunk = int(raw.strip(), 10)
@@ -351,9 +355,8 @@ class GpuPath:
 
         c = self._comm
         store, rank, ws, timeout_s = c._store, c.rank, c.world_size, c._config.timeout_s
-        ipc_algo = os.environ.get("RINGCOMM_IPC_ALGO", "auto") or "auto"
-        if ipc_algo not in cuda_ipc.ALL_REDUCE_ALGOS:
-            raise ValueError(f"RINGCOMM_IPC_ALGO={ipc_algo!r} is not one of {', '.join(cuda_ipc.ALL_REDUCE_ALGOS)}")
+        ipc_algo = _C.parse_algo("cuda_ipc", os.environ.get("RINGCOMM_IPC_ALGO", "auto") or "auto",
+                                 "RINGCOMM_IPC_ALGO")
         # The ring family's chunk is the slot (RINGCOMM_GPU_CHUNK_BYTES, unless
         # RINGCOMM_IPC_SLOT_BYTES says otherwise).
         mine = cuda_ipc.settings(None if os.environ.get("RINGCOMM_IPC_SLOT_BYTES") else {"slot_bytes": self._chunk})
@@ -456,114 +459,105 @@ class GpuPath:
 
     @staticmethod
     def _algo(algo):
+        """A call's algo= (None: auto); the chooser (csrc/comm/chooser.h) says what it means on the device."""
         if algo is None:
             return "auto"
-        if algo not in GPU_ALGOS:
-            raise ValueError(f"algo {algo!r} is not one of {', '.join(GPU_ALGOS)}")
-        return algo
+        if not isinstance(algo, str):
+            raise TypeError(f"algo must be a str or None, got {type(algo).__name__}")
+        return _C.parse_gpu_call_algo(algo)
 
     def all_reduce(self, tensor, op, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        self._check("all_reduce", x, redop=op)
         g, s = self.native(first.device), stream_handle(stream, first)
-        if algo in IPC_ALL_REDUCE_ALGOS:
-            if not g.over_ipc:
-                raise ValueError(f"algo {algo!r} needs the cuda_ipc transport (RINGCOMM_TRANSPORT=cuda_ipc or "
-                                 "init(transport='cuda_ipc')); this communicator runs over NCCL")
-            w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, "auto", algo)
-        else:
-            w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, self._algo(algo),
-                             "ring" if algo == "ring" and g.over_ipc else "auto")
+        w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, self._algo(algo))
         return self._finish(g, w, [x], s, async_op)
 
     def reduce_scatter(self, output, input, op, async_op, stream, algo):
         (o, i), first = self._bufs(("output", output), ("input", input))
-        self._same_dtype(o, i)
+        self._check("reduce_scatter", o, i, redop=op)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.reduce_scatter(o.ptr, o.count, i.ptr, i.count, i.dtype, op, s, self._algo(algo))
         return self._finish(g, w, [o, i], s, async_op)
 
     def all_gather(self, output, input, async_op, stream, algo):
         (o, i), first = self._bufs(("output", output), ("input", input))
-        self._same_dtype(o, i)
+        self._check("all_gather", o, i)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.all_gather(o.ptr, o.count, i.ptr, i.count, i.dtype, s, self._algo(algo))
         return self._finish(g, w, [o, i], s, async_op)
 
     def broadcast(self, tensor, src, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        src = validate.rank_arg(src, "src")
+        self._check("broadcast", x, root=src)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.broadcast(x.ptr, x.count, x.dtype, self._root(src, "src"), s, self._algo(algo))
+        w = g.broadcast(x.ptr, x.count, x.dtype, src, s, self._algo(algo))
         return self._finish(g, w, [x], s, async_op)
 
     def reduce(self, tensor, dst, op, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        dst = validate.rank_arg(dst, "dst")
+        self._check("reduce", x, root=dst, redop=op)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.reduce(x.ptr, x.count, x.dtype, self._root(dst, "dst"), op, s, self._algo(algo))
+        w = g.reduce(x.ptr, x.count, x.dtype, dst, op, s, self._algo(algo))
         return self._finish(g, w, [x], s, async_op)
 
     def scatter(self, output, input, src, async_op, stream, algo):
-        src = self._root(src, "src")
+        src = validate.rank_arg(src, "src")
         (o, i), first = self._bufs(("output", output), ("input", input if self._comm.rank == src else None))
-        if i is not None:
-            self._same_dtype(o, i)
+        self._check("scatter", o, i, root=src)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.scatter(o.ptr, o.count, i.ptr if i else 0, i.count if i else 0, o.dtype, src, s)
         return self._finish(g, w, [o, i], s, async_op)
 
     def gather(self, output, input, dst, async_op, stream, algo):
-        dst = self._root(dst, "dst")
+        dst = validate.rank_arg(dst, "dst")
         (o, i), first = self._bufs(("output", output if self._comm.rank == dst else None), ("input", input))
-        if o is not None:
-            self._same_dtype(o, i)
+        self._check("gather", o, i, root=dst)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.gather(o.ptr if o else 0, o.count if o else 0, i.ptr, i.count, i.dtype, dst, s)
         return self._finish(g, w, [o, i], s, async_op)
 
     def all_to_all(self, output, input, async_op, stream, algo):
         (o, i), first = self._bufs(("output", output), ("input", input))
-        self._same_dtype(o, i)
+        self._check("all_to_all", o, i)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.all_to_all(o.ptr, o.count, i.ptr, i.count, i.dtype, s)
         return self._finish(g, w, [o, i], s, async_op)
 
     def send(self, tensor, dst, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        dst = validate.rank_arg(dst, "dst")
+        self._check("send", x, root=dst)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.send(x.ptr, x.count, x.dtype, self._peer(dst, "dst"), s)
+        w = g.send(x.ptr, x.count, x.dtype, dst, s)
         return self._finish(g, w, [x], s, async_op)
 
     def recv(self, tensor, src, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        src = validate.rank_arg(src, "src")
+        self._check("recv", x, root=src)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.recv(x.ptr, x.count, x.dtype, self._peer(src, "src"), s)
+        w = g.recv(x.ptr, x.count, x.dtype, src, s)
         return self._finish(g, w, [x], s, async_op)
 
     def sendrecv(self, send_tensor, dst, recv_tensor, src, stream):
         (a, b), first = self._bufs(("send_tensor", send_tensor), ("recv_tensor", recv_tensor))
+        dst, src = validate.rank_arg(dst, "dst"), validate.rank_arg(src, "src")
+        self._check("send", a, root=dst)
+        self._check("recv", b, root=src)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.sendrecv(a.ptr, a.count, a.dtype, self._peer(dst, "dst"), b.ptr, b.count, b.dtype,
-                       self._peer(src, "src"), s)
+        w = g.sendrecv(a.ptr, a.count, a.dtype, dst, b.ptr, b.count, b.dtype, src, s)
         return self._finish(g, w, [a, b], s, False)
 
     # -- checks ---------------------------------------------------------------
-    @staticmethod
-    def _same_dtype(o, i):
-        if o.dtype != i.dtype:
-            raise TypeError(f"output has dtype {_C.dtype_name(o.dtype)} but input has {_C.dtype_name(i.dtype)}; "
-                            "they must match")
+    def _check(self, op, out, inp=None, root=-1, redop=0):
+        """The communicators' one call check (csrc/comm/call_check.h), before anything is queued."""
+        def t(b):
+            return None if b is None else (b.ptr, b.count, b.dtype)
+        _C.check_call(op, self._comm.rank, self._comm.world_size, t(out), t(inp), root, int(redop))
 
-    def _root(self, root, arg):
-        root = validate.index(root, arg)  # TypeError for 1.5, "0", True
-        if not 0 <= root < self._comm.world_size:
-            raise ValueError(f"{arg} {root} is out of range for a communicator of world size "
-                             f"{self._comm.world_size}")
-        return root
-
-    def _peer(self, peer, arg):
-        peer = self._root(peer, arg)
-        if peer == self._comm.rank:
-            raise ValueError(f"{arg} {peer} is this rank; send/recv need another rank")
-        return peer
 
 
 __all__ = ["GpuWork", "available", "compiled", "nccl_version", "TimeoutError"]

@@ -18,7 +18,7 @@ The thresholds are to be set from the latencies scripts/gpu_check.sh measures
 import json
 import os
 
-from ringcomm import bootstrap, validate
+from ringcomm import _C, bootstrap, validate
 from ringcomm.errors import RingcommError
 
 DEFAULTS = {
@@ -36,7 +36,6 @@ _ENV = {
     "two_shot_max": "RINGCOMM_IPC_TWOSHOT_MAX_BYTES",
 }
 _HANDLE_SCHEMA = {"handle": validate.text(1024)}
-ALL_REDUCE_ALGOS = ("auto", "oneshot", "twoshot", "ring")
 
 
 def pick_gpu_transport(configured, infos):
@@ -95,6 +94,15 @@ def settings(overrides=None):
     return s
 
 
+def _known_algo(name):
+    """Whether rank 0's RINGCOMM_IPC_ALGO (read from the store) is one cuda_ipc runs (csrc/comm/chooser.h)."""
+    try:
+        _C.parse_algo("cuda_ipc", name, "RINGCOMM_IPC_ALGO")
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def agree(store, key, rank, timeout_s, mine):
     """Rank 0's settings, for every rank (ranks with other geometries could not read
     each other's buffers)."""
@@ -103,7 +111,7 @@ def agree(store, key, rank, timeout_s, mine):
     bootstrap.wait_keys(store, [key], timeout_s, "waiting for rank 0's cuda_ipc settings", rank)
     shared = json.loads(bootstrap._text(store.get(key)))
     if (not isinstance(shared, dict) or not all(isinstance(shared.get(k), int) for k in DEFAULTS)
-            or shared.get("algo", "auto") not in ALL_REDUCE_ALGOS):
+            or not _known_algo(shared.get("algo", "auto"))):
         raise RingcommError(f"ringcomm: rank 0's cuda_ipc settings under {key!r} are not what this rank "
                             f"expects (got {sorted(shared)}); do all ranks run the same ringcomm version?")
     return shared
