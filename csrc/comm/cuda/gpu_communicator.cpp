@@ -377,7 +377,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
   }
 }
 
-// The "ring" family: the call's schedule (comm/device_plan.cpp), run by the
+// The "ring" family: the call's schedule (comm/call_plan.cpp), run by the
 // device executor on stream `s`. Slices of the ring are one chunk each.
 void GpuCommunicator::run_ring(const char* what, cudaStream_t s, DataType dtype, ReduceOp op,
                                const CallPlan& call) {
