@@ -746,7 +746,7 @@ Algo Communicator::resolve_algo(const Call& c) const {
 Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
   const Algo forced = algos_.of(kind);
   // Collectives use the FIFO schedules unless pull is forced: measured here,
-  // their cache-resident slots beat the kernel's cross-process copy (README,
+  // their cache-resident slots beat the kernel's cross-process copy (docs/performance.md,
   // Performance).
   if (forced == Algo::kPull) return pull_ok_ ? Algo::kPull : default_algo(kind);
   if (forced != Algo::kAuto) return forced;
@@ -765,7 +765,7 @@ Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
 // header is also checked against the receiver's call (executor), so the
 // ranks next to a disagreeing one raise at once with both calls described,
 // and tell the others. log2 n peers a rank, the barrier's: not the full mesh
-// of connections that checking every pair would open (README, Errors).
+// of connections that checking every pair would open (docs/errors.md).
 void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, const CallInfo& info) {
   if (world_ == 1) return;
   const MsgTag& t = c.tag;
