@@ -8,7 +8,8 @@ sources, tests and docs must name a file or folder that exists.
 
 Prints one line per stale mention (file:line: mention) and exits 1 if there is
 any. A mention resolves against the repository root, then csrc/ and
-csrc/include/ (the include roots: comm/x.h is csrc/comm/x.h), python/, and the
+csrc/include/ (the include roots: a mention comm/NAME.h means csrc/comm/NAME.h),
+python/, and the
 folder of the file that names it; {a,b} alternatives and * globs are expanded.
 """
 import glob
@@ -73,8 +74,8 @@ def stale(files):
                     mention = m.group(1).rstrip(".")
                     if mention.endswith("/"):
                         mention = mention.rstrip("/")
-                    # "..." elides; {name} without a comma is an f-string's placeholder.
-                    if "..." in m.group(1) or re.search(r"\{\w*\}", mention) or mention.startswith(GENERATED):
+                    # "..." elides; {name} or {p.name} (no comma) is an f-string's placeholder.
+                    if "..." in m.group(1) or re.search(r"\{[\w.\[\]]*\}", mention) or mention.startswith(GENERATED):
                         continue
                     if not all(exists(p, here) for p in expand(mention)):
                         out.append((os.path.relpath(path, ROOT), lineno, mention))
