@@ -72,13 +72,9 @@ SETTINGS = (
     Setting("RINGCOMM_TIMEOUT", lambda c: f"{c.timeout_s:g}",
             "seconds a blocking wait may take (more than 0, at most 30 days); also `init(timeout=)`"),
     Setting("RINGCOMM_ALGO", lambda c: c.algo,
-            "`auto`; one name forces it for every op that has it: `ring` (the chain for broadcast/reduce), "
-            "`oneshot` (all_reduce), `recursive_doubling` and `rabenseifner` (all_reduce), `tree` (binomial "
-            "broadcast/reduce), `bruck` (all_gather), `hierarchical` (all_reduce, broadcast, reduce, all_gather, "
-            "reduce_scatter across hosts), `direct` (scatter, gather, all_to_all, barrier), `pull` (every "
-            "collective and send/recv by single-copy pulls, cross-memory attach, where the OS allows); or per op, "
-            "`all_reduce:recursive_doubling,broadcast:tree` (the names: [algorithms.md](algorithms.md)); "
-            "also `init(algo=)`"),
+            "`auto` (every op picks by size); one name, forced for every op that has it (`pull`: send/recv "
+            "too); or per op, `all_reduce:recursive_doubling,broadcast:tree`; the names and the ops that have "
+            "each: [algorithms.md](algorithms.md#algorithm-names); also `init(algo=)`"),
     Setting("RINGCOMM_PULL", lambda c: "1" if c.pull else "0",
             "`0` turns single-copy pulls off (`0` or `1`)"),
     Setting("RINGCOMM_PULL_MIN_BYTES", lambda c: _size(c.pull_min_bytes),
