@@ -16,6 +16,7 @@ Python literals are written as `...`; a function whose __doc__ has no pybind11
 signature gets `(*args, **kwargs)`.
 """
 import ast
+import enum
 import importlib
 import inspect
 import os
@@ -191,7 +192,18 @@ class Writer:
             self.emit(indent, f"@{name}.setter")
             self.emit(indent, f"def {name}(self, value: {ann}) -> None: ...")
 
+    def python_enum(self, name, cls):
+        """An enum.Enum subclass (pybind11's py::native_enum): its members and their values."""
+        base = next(b for b in cls.__mro__[1:] if b.__module__ == "enum")
+        self.imports.add("enum")
+        self.emit(0, f"class {name}(enum.{base.__name__}):")
+        for member in cls:
+            self.emit(1, f"{member.name} = {member.value!r}")
+        self.emit(0, "")
+
     def klass(self, name, cls):
+        if issubclass(cls, enum.Enum):
+            return self.python_enum(name, cls)
         bases = [b for b in cls.__bases__ if b.__name__ not in ("pybind11_object", "object")]
         base_names = [b.__name__ if b.__module__ in (MODULE, "builtins") else f"{b.__module__}.{b.__name__}"
                       for b in bases]

@@ -3,8 +3,10 @@ module: regenerated here and compared, naming what the committed stub lacks,
 has in excess, or spells differently. Regenerate with: python scripts/gen_stubs.py
 """
 import ast
+import enum
 import importlib.util
 import pathlib
+import types
 
 import pytest
 
@@ -88,3 +90,25 @@ def test_generator_names_what_differs():
     assert "check_algo" in entries and "Communicator.close" in entries and "Config.slot_bytes" in entries
     tampered = _entries(text.replace("def check_algo(", "def check_algorithm("))
     assert "check_algo" not in tampered and "check_algorithm" in tampered
+
+
+def test_generator_on_a_small_module():
+    """Enums, exceptions with their bases, constants and functions without a
+    pybind11 signature, as a module of the next build may have them."""
+    class Color(enum.IntEnum):
+        RED = 1
+        BLUE = 2
+
+    class Failure(RuntimeError):
+        pass
+
+    def plain(a, b=2):
+        """no pybind11 signature here"""
+
+    mod = types.ModuleType("ringcomm._C", "a module")
+    mod.Color, mod.Failure, mod.LIMIT, mod.plain = Color, Failure, 7, plain
+    text = _generator().generate(mod)
+    ast.parse(text)
+    assert "class Color(enum.IntEnum):\n    RED = 1\n    BLUE = 2\n" in text, text
+    assert "class Failure(RuntimeError):" in text and "LIMIT: int" in text, text
+    assert "def plain(*args, **kwargs):" in text and "import enum" in text, text
