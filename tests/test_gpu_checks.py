@@ -1,7 +1,7 @@
 """What a world-size-1 GPU run of tests/test_gpu.py does not reach, for the one-shot GPU
 check (scripts/gpu_check.sh): a real NCCL point-to-point group (self send/recv), graph
 capture of the whole ring family, counts above 2**31 elements, mixed alignments of dst / a
-/ b (NaN on either side included), and the GPU family rule of csrc/comm/gpu_algo.h on a
+/ b (NaN on either side included), and the GPU family rule of csrc/comm/chooser.h on a
 real communicator. (The watchdog, close with the last reference in flight and a capture
 beside a pending op are tests/test_gpu.py's.) Everything needs a CUDA GPU and skips with
 the reason otherwise.

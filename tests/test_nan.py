@@ -1,4 +1,4 @@
-"""NaN semantics, one for every path (README "NaN", csrc/comm/gpu_algo.h): NaN
+"""NaN semantics, one for every path (docs/usage.md "NaN", csrc/comm/chooser.h): NaN
 propagates. SUM, PROD and AVG by IEEE arithmetic, MIN and MAX like torch.maximum /
 numpy.maximum (never fmax's "drop the NaN"), whatever the operand order, so every
 schedule gives the same NaN-ness on every rank: a NaN in one rank's input at one

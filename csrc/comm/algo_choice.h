@@ -5,13 +5,7 @@
 //   "<name>"                            every op that has <name> runs it; the others pick
 //   "<op>:<name>,<op>:<name>,..."       each named op forced, the others pick
 //
-// Names: ring (all_reduce, reduce_scatter, all_gather; the chain for broadcast
-// and reduce), oneshot (all_reduce), pull (every collective and send/recv),
-// recursive_doubling (all_reduce), rabenseifner (all_reduce), tree
-// (binomial: broadcast, reduce), bruck (all_gather), hierarchical
-// (all_reduce: intra-host reduce-scatter, inter-host all-reduce per local
-// index, intra-host all-gather; broadcast, reduce: trees of trees;
-// all_gather, reduce_scatter: per local index, then per host), direct (scatter, gather, all_to_all, barrier).
+// The names, and the ops that have each (algo_has): docs/algorithms.md, "Algorithm names".
 #pragma once
 
 #include <array>

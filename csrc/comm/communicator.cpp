@@ -611,7 +611,7 @@ Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
 // header is also checked against the receiver's call (executor), so the
 // ranks next to a disagreeing one raise at once with both calls described,
 // and tell the others. log2 n peers a rank, the barrier's: not the full mesh
-// of connections that checking every pair would open (README, Errors).
+// of connections that checking every pair would open (docs/errors.md).
 void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, const CallInfo& info) {
   if (world_ == 1) return;
   const MsgTag& t = c.tag;

@@ -1,7 +1,7 @@
 """The GPU path: collectives on CUDA tensors (torch), CUDA arrays (cupy, anything
 with ``__cuda_array_interface__``, DLPack objects on a CUDA device through torch).
 
-Stream semantics (DESIGN.md): a call is ordered after the work already queued on the
+Stream semantics (docs/gpus.md): a call is ordered after the work already queued on the
 caller's stream (``stream=``; default: the framework's current stream on the tensor's
 device), runs on the communicator's own stream, and
 

@@ -5,13 +5,10 @@ agree on, and the exchange of buffer handles through the store.
 The protocol itself (buffer layout, flags, sequence numbers, bounded waits, errors) is
 csrc/transport/cuda_ipc/ipc_channel.h.
 
-Settings (rank 0's hold for every rank):
-  RINGCOMM_IPC_SLOT_BYTES        the most one point-to-point chunk moves (default 1 MiB;
-                                 on the GPU the ring family's chunk, RINGCOMM_GPU_CHUNK_BYTES)
-  RINGCOMM_IPC_NSLOTS            slots per peer (default 4)
-  RINGCOMM_IPC_STAGE_BYTES       the largest one-/two-shot all-reduce (default 8 MiB)
-  RINGCOMM_IPC_ONESHOT_MAX_BYTES all_reduce up to this size runs one-shot (default 256 KiB)
-  RINGCOMM_IPC_TWOSHOT_MAX_BYTES then two-shot up to this size, then the ring (default 4 MiB)
+Settings (rank 0's hold for every rank): RINGCOMM_IPC_SLOT_BYTES, RINGCOMM_IPC_NSLOTS,
+RINGCOMM_IPC_STAGE_BYTES, RINGCOMM_IPC_ONESHOT_MAX_BYTES and RINGCOMM_IPC_TWOSHOT_MAX_BYTES
+(_ENV below), their defaults DEFAULTS; what each means is in config.py's GPU_SETTINGS, from
+which docs/configuration.md is generated.
 The thresholds are to be set from the latencies scripts/gpu_check.sh measures
 (scripts/ipc_bench.py); the defaults are not measured.
 """

@@ -1,7 +1,7 @@
 // The GPU side of a communicator on one device: an NCCL communicator, the
 // communicator's own CUDA stream, and the two algorithm families.
 //
-// Stream semantics (DESIGN.md): every call is ordered after the work already
+// Stream semantics (docs/gpus.md): every call is ordered after the work already
 // queued on the caller's stream (an event recorded there, waited on by the
 // comm stream), runs on the comm stream, and returns a GpuWork whose event
 // marks its end. A caller stream that is capturing a CUDA graph gets the
