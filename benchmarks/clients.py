@@ -5,7 +5,7 @@ per-rank batches; this runs each one twice per repeat, with --backend gloo and
 --backend ringcomm (2 CPU processes, the launches taking turns), and prints
 whether the losses and final parameters agree and each backend's median step
 time (per step the slowest rank, after the first --warmup steps; the median
-over steps and repeats). tests/test_client_*.py use run_client() and compare()
+over steps and repeats). tests/test_clients.py uses run_client() and compare()
 at a small size.
 
     python benchmarks/clients.py                       # every installed client

@@ -567,9 +567,21 @@ def test_gpu_path_checks_roots_and_its_settings_without_a_gpu(monkeypatch):
         g = GpuPath(comm)
         for bad in (1.5, "0", True, None):
             with pytest.raises(TypeError, match="src"):
-                g._root(bad, "src")
-        with pytest.raises(ValueError, match="dst"):
-            g._root(1, "dst")
+                validate.rank_arg(bad, "src")
+        # the range is the native call check's, the one every communicator runs
+        x = type("Buf", (), {"ptr": 1 << 20, "count": 4, "dtype": 2})()
+        with pytest.raises(ValueError, match="dst 1 is out of range for a communicator of world size 1"):
+            g._check("reduce", x, root=1)
+        with pytest.raises(ValueError, match="src 0 is this rank"):
+            g._check("recv", x, root=0)
+        with pytest.raises(TypeError, match="algo must be a str"):
+            g._algo(3)
+        with pytest.raises(ValueError, match="not one of auto, nccl, ring"):
+            g._algo("tree")
+        monkeypatch.setenv("RINGCOMM_GPU_ALGO", "tree")
+        with pytest.raises(ValueError, match="RINGCOMM_GPU_ALGO='tree'"):
+            GpuPath(comm)
+        monkeypatch.delenv("RINGCOMM_GPU_ALGO")
         for raw in ("12x", "-64", "100", str(1 << 31)):
             monkeypatch.setenv("RINGCOMM_GPU_CHUNK_BYTES", raw)
             with pytest.raises(ValueError, match="RINGCOMM_GPU_CHUNK_BYTES"):

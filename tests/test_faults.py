@@ -310,7 +310,7 @@ def _two_threads_racing(ctx, fails, msgs):
     """Two threads per rank hammer one communicator (same shapes, different data).
     Overlapping calls are detected and abort; calls that happen not to overlap on
     any rank but interleave differently cannot be told apart from a correct program
-    and may still pair wrongly (README, threads): measured and printed here."""
+    and may still pair wrongly (docs/errors.md, threads): measured and printed here."""
     import ringcomm
 
     comm = _new_comm(ctx, timeout=10.0)

@@ -1,7 +1,7 @@
 """What a world-size-1 GPU run of tests/test_gpu.py does not reach, for the one-shot GPU
 check (scripts/gpu_check.sh): a real NCCL point-to-point group (self send/recv), graph
 capture of the whole ring family, counts above 2**31 elements, mixed alignments of dst / a
-/ b (NaN on either side included), and the GPU family rule of csrc/comm/gpu_algo.h on a
+/ b (NaN on either side included), and the GPU family rule of csrc/comm/chooser.h on a
 real communicator. (The watchdog, close with the last reference in flight and a capture
 beside a pending op are tests/test_gpu.py's.) Everything needs a CUDA GPU and skips with
 the reason otherwise.
@@ -204,14 +204,15 @@ def test_mixed_alignments(offsets):
 
 
 def test_gpu_family_choice_on_a_real_communicator(comm):
-    """The rule of comm/gpu_algo.h as the GPU communicator applies it."""
+    """The rule of comm/chooser.h as the GPU communicator applies it."""
     native = _native(comm)
     for code in (0, 1, 2, 3):
         for op in (ReduceOp.MIN, ReduceOp.MAX):
-            assert native.family("auto", code, int(op), True) == "ring"
+            assert native.choose("all_reduce", 64, code, int(op)) == "ring"
             with pytest.raises(ValueError, match="drops NaN"):
-                native.family("nccl", code, int(op), True)
-        assert native.family("auto", code, int(ReduceOp.SUM), True) == "nccl"
+                native.choose("all_reduce", 64, code, int(op), algo="nccl")
+        assert native.choose("all_reduce", 64, code, int(ReduceOp.SUM)) == "nccl"
+        assert native.explain("all_reduce", 64, code, int(ReduceOp.SUM))[0][0] == "nccl"
     x = torch.tensor([1.0, float("nan"), 3.0], device="cuda")
     comm.all_reduce(x, op=ReduceOp.MAX)
     assert bool(torch.isnan(x[1])) and x[0] == 1 and x[2] == 3

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm import _C, _C_testing, cuda
+from ringcomm import _C, _C_testing, cuda, gpu_buffers, nccl
 
 
 class FakeDevice:
@@ -50,21 +50,21 @@ def test_gpu_buffers_are_told_apart_from_cpu_ones():
     with pytest.raises(_C.DeviceBufferError):
         _C.buffer_info(FakeCudaArray(4))
     assert issubclass(_C.DeviceBufferError, ValueError)
-    assert cuda.is_device_buffer(FakeCudaArray(4))
-    assert not cuda.is_device_buffer(np.zeros(4))
+    assert gpu_buffers.is_device_buffer(FakeCudaArray(4))
+    assert not gpu_buffers.is_device_buffer(np.zeros(4))
 
 
 def test_cuda_array_interface_is_read():
-    b = cuda.device_buffer(FakeCudaArray(10, "<f2", ptr=0x7F0000001000), "x")
+    b = gpu_buffers.device_buffer(FakeCudaArray(10, "<f2", ptr=0x7F0000001000), "x")
     assert (b.ptr, b.count, b.dtype, b.torch) == (0x7F0000001000, 10, 0, False)
-    b = cuda.device_buffer(FakeCudaArray(3, "|b1", strides=(1,)), "x")
+    b = gpu_buffers.device_buffer(FakeCudaArray(3, "|b1", strides=(1,)), "x")
     assert (b.count, b.dtype) == (3, 8)
     with pytest.raises(ValueError, match="contiguous"):
-        cuda.device_buffer(FakeCudaArray(3, "<f4", strides=(8,)), "x")
+        gpu_buffers.device_buffer(FakeCudaArray(3, "<f4", strides=(8,)), "x")
     with pytest.raises(TypeError, match="typestr"):
-        cuda.device_buffer(FakeCudaArray(3, "<c8"), "x")
+        gpu_buffers.device_buffer(FakeCudaArray(3, "<c8"), "x")
     with pytest.raises(TypeError, match="CUDA"):
-        cuda.device_buffer(np.zeros(3), "x")
+        gpu_buffers.device_buffer(np.zeros(3), "x")
 
 
 def test_streams_are_read():
@@ -74,11 +74,11 @@ def test_streams_are_read():
     class CupyLike:
         ptr = 99
 
-    assert cuda.stream_handle(TorchLike(), None) == 1234
-    assert cuda.stream_handle(CupyLike(), None) == 99
-    assert cuda.stream_handle(7, None) == 7
+    assert gpu_buffers.stream_handle(TorchLike(), None) == 1234
+    assert gpu_buffers.stream_handle(CupyLike(), None) == 99
+    assert gpu_buffers.stream_handle(7, None) == 7
     with pytest.raises(TypeError):
-        cuda.stream_handle("default", None)
+        gpu_buffers.stream_handle("default", None)
 
 
 @pytest.mark.skipif(not cuda.compiled(), reason="this build has no GPU path")
@@ -295,9 +295,9 @@ def test_buffers_are_held_until_the_event_completed_then_close():
     a, b = Obj(), Obj()
     ra, rb = weakref.ref(a), weakref.ref(b)
     w1, w2 = FakeNativeWork(), FakeNativeWork()
-    path._finish(g, w1, [cuda.DeviceBuffer(a, 1, 1, 2, 0, True)], 5, False)  # sync: the caller stream waits
+    path._finish(g, w1, [gpu_buffers.DeviceBuffer(a, 1, 1, 2, 0, True)], 5, False)  # sync: the caller stream waits
     assert w1.waited_stream == [5]
-    path._finish(g, w2, [cuda.DeviceBuffer(b, 2, 1, 2, 0, True)], 5, True)
+    path._finish(g, w2, [gpu_buffers.DeviceBuffer(b, 2, 1, 2, 0, True)], 5, True)
     del a, b
     assert ra() is not None and rb() is not None  # in flight: held
     w1.done = True
@@ -367,7 +367,7 @@ def test_a_close_that_fails_never_frees_the_buffers():
     path._natives[0] = g
     obj = FakeTorchTensor()
     ref = weakref.ref(obj)
-    path._finish(g, FakeNativeWork(), [cuda.DeviceBuffer(obj, 1, 1, 2, 0, True)], 5, False)
+    path._finish(g, FakeNativeWork(), [gpu_buffers.DeviceBuffer(obj, 1, 1, 2, 0, True)], 5, False)
     del obj
     with pytest.raises(ringcomm.RingcommError):
         path.close()
@@ -386,7 +386,7 @@ def test_gpu_settings_are_rank_0s_on_every_rank():
     got = {}
 
     def rank(r, mine):
-        got[r] = cuda.agree_settings(store, "t/nccl/0", r, 10.0, mine, lambda: "00ff")
+        got[r] = nccl.agree_settings(store, "t/nccl/0", r, 10.0, mine, lambda: "00ff")
 
     ts = [threading.Thread(target=rank, args=(1, {"chunk": 1 << 20, "algo": "ring"})),
           threading.Thread(target=rank, args=(2, {"chunk": 64, "algo": "auto"})),
@@ -400,14 +400,14 @@ def test_gpu_settings_are_rank_0s_on_every_rank():
     # What an older rank 0 wrote (no algo): a clear error, not a silent default.
     store.set("t/nccl/1", '{"uid": "00", "chunk": 64}')
     with pytest.raises(ringcomm.RingcommError, match="same ringcomm version"):
-        cuda.agree_settings(store, "t/nccl/1", 1, 10.0, {"chunk": 64, "algo": "auto"}, lambda: "")
+        nccl.agree_settings(store, "t/nccl/1", 1, 10.0, {"chunk": 64, "algo": "auto"}, lambda: "")
 
 
 def test_gpu_settings_wait_is_bounded():
     from torch.distributed import HashStore
 
     with pytest.raises(ringcomm.TimeoutError):
-        cuda.agree_settings(HashStore(), "t/nccl/0", 1, 0.3, {"chunk": 64, "algo": "auto"}, lambda: "")
+        nccl.agree_settings(HashStore(), "t/nccl/0", 1, 0.3, {"chunk": 64, "algo": "auto"}, lambda: "")
 
 
 def test_each_rank_builds_its_nccl_communicator_with_rank_0s_settings(monkeypatch):
@@ -419,6 +419,8 @@ def test_each_rank_builds_its_nccl_communicator_with_rank_0s_settings(monkeypatc
     made = []
 
     class FakeC:
+        parse_algo = staticmethod(_C.parse_algo)  # the real name parser
+
         @staticmethod
         def cuda_pci_bus_id(device):  # each rank its own GPU (rank 1 native()s on a thread)
             return "0000:01:00.0" if threading.current_thread() is threading.main_thread() else "0000:02:00.0"
@@ -487,6 +489,7 @@ def test_ranks_sharing_a_gpu_build_a_cuda_ipc_communicator(monkeypatch):
 
     class FakeC:
         GpuCommunicator = FakeGpuCommunicator
+        parse_algo = staticmethod(_C.parse_algo)  # the real name parser
 
         @staticmethod
         def cuda_pci_bus_id(device):

@@ -1,4 +1,4 @@
-"""NaN semantics, one for every path (README "NaN", csrc/comm/gpu_algo.h): NaN
+"""NaN semantics, one for every path (docs/usage.md "NaN", csrc/comm/chooser.h): NaN
 propagates. SUM, PROD and AVG by IEEE arithmetic, MIN and MAX like torch.maximum /
 numpy.maximum (never fmax's "drop the NaN"), whatever the operand order, so every
 schedule gives the same NaN-ness on every rank: a NaN in one rank's input at one
@@ -340,7 +340,9 @@ def test_device_executor_propagates_nan(world):
 
 
 def _family(algo, default, dtype, op, reduces=True):
-    return _C_testing._gpu_family(algo, default, CODES[dtype], int(ReduceOp[op.upper()]), reduces)
+    """What a GPU call over NCCL runs: the one chooser (csrc/comm/chooser.h), as GpuCommunicator asks it."""
+    return _C.choose_algo("nccl", "all_reduce" if reduces else "broadcast", 1024, CODES[dtype],
+                          int(ReduceOp[op.upper()]), algo=algo, configured=default)
 
 
 def test_gpu_auto_never_sends_floating_min_max_to_nccl():
@@ -382,6 +384,12 @@ def test_forcing_nccl_on_floating_min_max_is_refused(how):
 
 def test_gpu_family_arguments_are_checked():
     with pytest.raises(ValueError, match="not one of auto, nccl, ring"):
-        _C_testing._gpu_family("fast", "auto", 2, 0, True)
-    with pytest.raises(ValueError, match="out of range"):
-        _C_testing._gpu_family("auto", "auto", 9, 0, True)
+        _C.choose_algo("nccl", "all_reduce", 4, 2, 0, algo="fast")
+    with pytest.raises(ValueError, match="RINGCOMM_GPU_ALGO='tree' is not one of auto, nccl, ring"):
+        _C.choose_algo("nccl", "all_reduce", 4, 2, 0, configured="tree")
+    with pytest.raises(ValueError, match="not a DataType"):
+        _C.choose_algo("nccl", "all_reduce", 4, 9, 0)
+    with pytest.raises(ValueError, match="needs the cuda_ipc transport"):
+        _C.choose_algo("nccl", "all_reduce", 4, 2, 0, algo="oneshot")
+    with pytest.raises(ValueError, match="needs the NCCL transport"):
+        _C.choose_algo("cuda_ipc", "all_reduce", 4, 2, 0, algo="nccl", stage_bytes=1 << 20)

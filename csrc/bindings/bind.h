@@ -20,6 +20,12 @@ Algo algo_arg(const std::string& op, OpKind kind, const std::string& algo);
 void bind_errors(pybind11::module_& m);
 void bind_types(pybind11::module_& m);
 void bind_communicator(pybind11::module_& m);
+// The chooser and the algorithm-name parser (bind_chooser.cpp); a GPU
+// call's algo= as the GPU bindings take it.
+void bind_chooser(pybind11::module_& m);
+Algo parse_gpu_call_algo(const std::string& name);
+// check_call and the same-dtype rule for the Python layers (bind_call_check.cpp).
+void bind_call_check(pybind11::module_& m);
 // Replaces pybind11's wrappers of the latency-critical methods with plain
 // CPython ones (bind_fast_calls.cpp). After bind_communicator.
 void bind_fast_calls(pybind11::module_& m);

@@ -19,6 +19,8 @@ PYBIND11_MODULE(_C, m) {
   ringcomm::bind_errors(m);
   ringcomm::bind_types(m);
   ringcomm::bind_communicator(m);
+  ringcomm::bind_call_check(m);
+  ringcomm::bind_chooser(m);
   ringcomm::bind_fast_calls(m);
   ringcomm::bind_cost_model(m);
   ringcomm::bind_plan_cache_stats(m);

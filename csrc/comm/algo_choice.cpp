@@ -7,12 +7,20 @@
 namespace ringcomm {
 namespace {
 
+// The CPU schedule families (RINGCOMM_ALGO's names).
 bool parse_name(const std::string& s, Algo* out) {
+  return parse_algo_name(s, out) && *out != Algo::kNccl && *out != Algo::kTwoShot;
+}
+
+}  // namespace
+
+bool parse_algo_name(const std::string& s, Algo* out) {
   static const std::pair<const char*, Algo> names[] = {
       {"auto", Algo::kAuto}, {"ring", Algo::kRing}, {"oneshot", Algo::kOneShot}, {"pull", Algo::kPull},
       {"recursive_doubling", Algo::kRecursiveDoubling}, {"tree", Algo::kTree},
       {"rabenseifner", Algo::kRabenseifner}, {"bruck", Algo::kBruck},
-      {"hierarchical", Algo::kHierarchical}, {"direct", Algo::kDirect}};
+      {"hierarchical", Algo::kHierarchical}, {"direct", Algo::kDirect},
+      {"nccl", Algo::kNccl}, {"twoshot", Algo::kTwoShot}};
   for (const auto& n : names) {
     if (s == n.first) {
       *out = n.second;
@@ -21,9 +29,6 @@ bool parse_name(const std::string& s, Algo* out) {
   }
   return false;
 }
-
-
-}  // namespace
 
 Algo default_algo(OpKind k) {
   return algo_has(k, Algo::kRing) ? Algo::kRing : Algo::kDirect;
@@ -50,6 +55,9 @@ bool algo_has(OpKind k, Algo a) {
       return k == OpKind::kBroadcast || k == OpKind::kReduce;
     case Algo::kBruck:
       return k == OpKind::kAllGather;
+    case Algo::kNccl:
+    case Algo::kTwoShot:
+      return false;  // GPU only: no CPU schedule (comm/chooser.h)
   }
   return false;
 }
@@ -81,6 +89,8 @@ const char* algo_name(Algo a) {
     case Algo::kBruck: return "bruck";
     case Algo::kHierarchical: return "hierarchical";
     case Algo::kDirect: return "direct";
+    case Algo::kNccl: return "nccl";
+    case Algo::kTwoShot: return "twoshot";
   }
   return "?";
 }
@@ -89,6 +99,10 @@ AlgoChoice parse_algo_choice(const std::string& text) {
   AlgoChoice c;
   if (text.find(':') == std::string::npos) {
     Algo a;
+    Algo gpu;
+    if (parse_algo_name(text, &gpu) && !parse_name(text, &a)) {
+      throw ValueError("algo: '" + text + "' runs on GPU buffers only (RINGCOMM_GPU_ALGO, RINGCOMM_IPC_ALGO)");
+    }
     if (!parse_name(text, &a)) throw ValueError("algo: unknown algorithm '" + text + "'");
     for (int k = 1; k < kNumOpKinds; ++k) {
       if (k != static_cast<int>(OpKind::kSend) && algo_has(static_cast<OpKind>(k), a)) c.by_op[k] = a;

@@ -5,13 +5,7 @@
 //   "<name>"                            every op that has <name> runs it; the others pick
 //   "<op>:<name>,<op>:<name>,..."       each named op forced, the others pick
 //
-// Names: ring (all_reduce, reduce_scatter, all_gather; the chain for broadcast
-// and reduce), oneshot (all_reduce), pull (every collective and send/recv),
-// recursive_doubling (all_reduce), rabenseifner (all_reduce), tree
-// (binomial: broadcast, reduce), bruck (all_gather), hierarchical
-// (all_reduce: intra-host reduce-scatter, inter-host all-reduce per local
-// index, intra-host all-gather; broadcast, reduce: trees of trees;
-// all_gather, reduce_scatter: per local index, then per host), direct (scatter, gather, all_to_all, barrier).
+// The names, and the ops that have each (algo_has): docs/algorithms.md, "Algorithm names".
 #pragma once
 
 #include <array>
@@ -32,6 +26,10 @@ enum class Algo : uint8_t {
   kBruck,
   kHierarchical,
   kDirect,
+  // GPU only (comm/chooser.h): NCCL's own collective, and cuda_ipc's
+  // two-shot all_reduce (kOneShot is also cuda_ipc's one-shot protocol).
+  kNccl,
+  kTwoShot,
 };
 constexpr int kNumOpKinds = static_cast<int>(OpKind::kBarrier) + 1;
 
@@ -43,6 +41,8 @@ struct AlgoChoice {
 
 // Throws ValueError naming what is wrong (an unknown name or op, a name the op lacks).
 AlgoChoice parse_algo_choice(const std::string& text);
+// Any algorithm's name (every device's: algo_name spells them); false if unknown.
+bool parse_algo_name(const std::string& name, Algo* out);
 const char* algo_name(Algo a);
 // The family op `k` runs when nothing else is chosen: kRing (all_reduce,
 // reduce_scatter, all_gather; the chain for broadcast and reduce), kDirect

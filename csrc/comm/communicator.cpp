@@ -7,7 +7,9 @@
 #include <limits>
 
 #include "algo/schedules.h"
+#include "comm/call_check.h"
 #include "comm/call_plan.h"
+#include "comm/chooser.h"
 #include "ringcomm/copy.h"
 #include "ringcomm/reducer.h"
 
@@ -15,19 +17,6 @@ namespace ringcomm {
 namespace {
 
 constexpr uint8_t kNoReduce = 0xff;
-
-std::string str(size_t v) { return std::to_string(v); }
-
-void require_present(const Buffer& b, const char* arg, const char* op) {
-  if (!b.present) throw ValueError(std::string(op) + ": " + arg + " is required, got None");
-}
-
-void require_same_dtype(const Buffer& out, const Buffer& in, const char* op) {
-  if (out.dtype != in.dtype) {
-    throw TypeError(std::string(op) + ": output has dtype " + dtype_name(out.dtype) +
-                    " but input has dtype " + dtype_name(in.dtype) + "; they must match");
-  }
-}
 
 }  // namespace
 
@@ -37,15 +26,6 @@ Work::ErrorKind error_kind_of(const std::exception& e) {
   if (dynamic_cast<const Interrupted*>(&e)) return Work::ErrorKind::kInterrupted;
   return Work::ErrorKind::kError;
 }
-
-namespace {
-
-bool overlaps(const Buffer& x, const Buffer& y) {
-  if (x.nbytes() == 0 || y.nbytes() == 0) return false;
-  return x.ptr < y.ptr + y.nbytes() && y.ptr < x.ptr + x.nbytes();
-}
-
-}  // namespace
 
 Communicator::Communicator(int rank, int world, Config config)
     : rank_(rank),
@@ -177,25 +157,11 @@ void Communicator::rebuild_model(CostParams params) {
 }
 
 std::vector<std::pair<std::string, double>> Communicator::explain(OpKind kind, size_t nbytes) const {
+  ChoiceCall call;
+  call.kind = kind;
+  call.bytes = nbytes;
   std::vector<std::pair<std::string, double>> out;
-  const Algo first = resolve_algo(kind, nbytes);
-  bool listed = false;
-  for (const Prediction& p : model_.predict(kind, nbytes)) {
-    if (p.algo == first) {
-      out.insert(out.begin(), {algo_name(p.algo), p.seconds});
-      listed = true;
-    } else {
-      out.emplace_back(algo_name(p.algo), p.seconds);
-    }
-  }
-  if (!listed) {
-    double t = std::numeric_limits<double>::quiet_NaN();
-    try {
-      if (first != Algo::kPull) t = model_.seconds(kind, first, nbytes);
-    } catch (const ValueError&) {
-    }
-    out.insert(out.begin(), {algo_name(first), t});
-  }
+  for (const Candidate& c : candidates(choice_context(kind), call)) out.emplace_back(algo_name(c.algo), c.seconds);
   return out;
 }
 
@@ -242,7 +208,7 @@ void Communicator::connect_tcp(const std::vector<std::string>& hosts, const std:
 }
 
 std::string Communicator::transport_of(int peer) const {
-  check_root(peer, "peer");
+  check_rank(peer, world_, "peer");
   if (peer == rank_) return "self";
   return tcp_ && tcp_->reaches(peer) ? "tcp" : "shm";
 }
@@ -260,21 +226,6 @@ void Communicator::check_usable() {
   }
 }
 
-void Communicator::check_root(int root, const char* arg) const {
-  if (root < 0 || root >= world_) {
-    throw ValueError(std::string(arg) + " " + std::to_string(root) +
-                     " is out of range for a communicator of world size " + std::to_string(world_));
-  }
-}
-
-void Communicator::check_peer(int peer, const char* arg) const {
-  check_root(peer, arg);
-  if (peer == rank_) {
-    throw ValueError(std::string(arg) + " " + std::to_string(peer) +
-                     " is this rank; send/recv need another rank");
-  }
-}
-
 Communicator::Call Communicator::collective(OpKind kind, DataType dtype, size_t count,
                                             const char* name) {
   Call c;
@@ -287,164 +238,72 @@ Communicator::Call Communicator::collective(OpKind kind, DataType dtype, size_t 
   return c;
 }
 
+// The call a checked descriptor describes (comm/call_check.h holds every rule).
+Communicator::Call Communicator::checked(const CallDesc& d) {
+  check_call(d);
+  Call c = collective(d.kind, call_dtype(d), call_count(d), op_kind_name(d.kind));
+  if (d.reduces) {
+    c.reducer = make_reducer(call_dtype(d), d.op);
+    c.redop = d.op;
+    c.reduces = true;
+  }
+  c.a = d.out;
+  c.b = d.in;
+  c.model_bytes = call_model_bytes(d);
+  // A rooted call's root-only buffer is not used on the other ranks.
+  if (d.kind == OpKind::kScatter && rank_ != d.root) c.b = Buffer{};
+  if (d.kind == OpKind::kGather && rank_ != d.root) c.a = Buffer{};
+  if (is_rooted(d.kind)) {
+    c.root = d.root;
+    c.tag.root = d.root;
+  }
+  return c;
+}
+
 std::shared_ptr<Work> Communicator::all_reduce(Buffer x, ReduceOp op, bool async) {
   Inside inside(inside_);
-  require_present(x, "tensor", "all_reduce");
-  Reducer reducer = make_reducer(x.dtype, op);  // ValueError for an op the dtype lacks
-  if (!async && small_all_reduce(x, op, reducer)) return nullptr;
-  Call c = collective(OpKind::kAllReduce, x.dtype, x.count, "all_reduce");
-  c.reducer = reducer;
-  c.a = x;
-  c.redop = op;
-  c.reduces = true;
+  Call c = checked(describe_call(OpKind::kAllReduce, rank_, world_, x, Buffer{}, -1, op));
+  if (!async && small_all_reduce(x, op, c.reducer)) return nullptr;
   return submit(std::move(c), async);
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(Buffer out, Buffer in, ReduceOp op, bool async) {
   Inside inside(inside_);
-  const char* name = "reduce_scatter";
-  require_present(out, "output", name);
-  require_present(in, "input", name);
-  require_same_dtype(out, in, name);
-  if (in.count != out.count * world_) {
-    throw ValueError(std::string(name) + ": input must hold world_size * output elements (" +
-                     str(world_) + " * " + str(out.count) + " = " + str(world_ * out.count) +
-                     "), got " + str(in.count));
-  }
-  if (overlaps(out, in) && out.ptr != in.ptr + rank_ * out.nbytes()) {
-    throw ValueError(std::string(name) + ": output overlaps input but is not input's block of rank " +
-                     std::to_string(rank_));
-  }
-  Reducer reducer = make_reducer(in.dtype, op);
-  Call c = collective(OpKind::kReduceScatter, in.dtype, out.count, name);
-  c.reducer = reducer;
-  c.a = out;
-  c.b = in;
-  c.redop = op;
-  c.reduces = true;
-  return submit(std::move(c), async);
+  return submit(checked(describe_call(OpKind::kReduceScatter, rank_, world_, out, in, -1, op)), async);
 }
 
 std::shared_ptr<Work> Communicator::all_gather(Buffer out, Buffer in, bool async) {
   Inside inside(inside_);
-  const char* name = "all_gather";
-  require_present(out, "output", name);
-  require_present(in, "input", name);
-  require_same_dtype(out, in, name);
-  if (out.count != in.count * world_) {
-    throw ValueError(std::string(name) + ": output must hold world_size * input elements (" +
-                     str(world_) + " * " + str(in.count) + " = " + str(world_ * in.count) +
-                     "), got " + str(out.count));
-  }
-  if (overlaps(out, in) && in.ptr != out.ptr + rank_ * in.nbytes()) {
-    throw ValueError(std::string(name) +
-                     ": output and input overlap; the only in-place form allowed is input == "
-                     "output[rank * len(input):(rank + 1) * len(input)]");
-  }
-  Call c = collective(OpKind::kAllGather, in.dtype, in.count, name);
-  c.a = out;
-  c.b = in;
-  return submit(std::move(c), async);
+  return submit(checked(describe_call(OpKind::kAllGather, rank_, world_, out, in, -1, ReduceOp::kSum)), async);
 }
 
 std::shared_ptr<Work> Communicator::broadcast(Buffer x, int src, bool async) {
   Inside inside(inside_);
-  require_present(x, "tensor", "broadcast");
-  check_root(src, "src");
-  Call c = collective(OpKind::kBroadcast, x.dtype, x.count, "broadcast");
-  c.a = x;
-  c.root = src;
-  c.tag.root = src;
-  return submit(std::move(c), async);
+  return submit(checked(describe_call(OpKind::kBroadcast, rank_, world_, x, Buffer{}, src, ReduceOp::kSum)), async);
 }
 
 std::shared_ptr<Work> Communicator::reduce(Buffer x, int dst, ReduceOp op, bool async) {
   Inside inside(inside_);
-  require_present(x, "tensor", "reduce");
-  check_root(dst, "dst");
-  Reducer reducer = make_reducer(x.dtype, op);
-  Call c = collective(OpKind::kReduce, x.dtype, x.count, "reduce");
-  c.reducer = reducer;
-  c.a = x;
-  c.root = dst;
-  c.tag.root = dst;
-  c.redop = op;
-  c.reduces = true;
-  return submit(std::move(c), async);
+  return submit(checked(describe_call(OpKind::kReduce, rank_, world_, x, Buffer{}, dst, op)), async);
 }
 
 std::shared_ptr<Work> Communicator::scatter(Buffer out, Buffer in, int src, bool async) {
   Inside inside(inside_);
-  const char* name = "scatter";
-  require_present(out, "output", name);
-  check_root(src, "src");
-  if (rank_ == src) {
-    require_present(in, "input (on the src rank)", name);
-    require_same_dtype(out, in, name);
-    if (in.count != out.count * world_) {
-      throw ValueError(std::string(name) + ": input must hold world_size * output elements (" +
-                       str(world_ * out.count) + "), got " + str(in.count));
-    }
-    if (overlaps(out, in) && out.ptr != in.ptr + rank_ * out.nbytes()) {
-      throw ValueError(std::string(name) + ": output overlaps input but is not input's block of rank " +
-                       std::to_string(rank_));
-    }
-  }
-  Call c = collective(OpKind::kScatter, out.dtype, out.count, name);
-  c.a = out;
-  c.b = rank_ == src ? in : Buffer{};
-  c.root = src;
-  c.tag.root = src;
-  return submit(std::move(c), async);
+  return submit(checked(describe_call(OpKind::kScatter, rank_, world_, out, in, src, ReduceOp::kSum)), async);
 }
 
 std::shared_ptr<Work> Communicator::gather(Buffer out, Buffer in, int dst, bool async) {
   Inside inside(inside_);
-  const char* name = "gather";
-  require_present(in, "input", name);
-  check_root(dst, "dst");
-  if (rank_ == dst) {
-    require_present(out, "output (on the dst rank)", name);
-    require_same_dtype(out, in, name);
-    if (out.count != in.count * world_) {
-      throw ValueError(std::string(name) + ": output must hold world_size * input elements (" +
-                       str(world_ * in.count) + "), got " + str(out.count));
-    }
-    if (overlaps(out, in) && in.ptr != out.ptr + rank_ * in.nbytes()) {
-      throw ValueError(std::string(name) + ": input overlaps output but is not output's block of rank " +
-                       std::to_string(rank_));
-    }
-  }
-  Call c = collective(OpKind::kGather, in.dtype, in.count, name);
-  c.a = rank_ == dst ? out : Buffer{};
-  c.b = in;
-  c.root = dst;
-  c.tag.root = dst;
-  return submit(std::move(c), async);
+  return submit(checked(describe_call(OpKind::kGather, rank_, world_, out, in, dst, ReduceOp::kSum)), async);
 }
 
 std::shared_ptr<Work> Communicator::all_to_all(Buffer out, Buffer in, bool async) {
   Inside inside(inside_);
-  const char* name = "all_to_all";
-  require_present(out, "output", name);
-  require_present(in, "input", name);
-  require_same_dtype(out, in, name);
-  if (out.count != in.count) {
-    throw ValueError(std::string(name) + ": output and input must hold the same number of elements, got " +
-                     str(out.count) + " and " + str(in.count));
-  }
-  if (in.count % world_ != 0) {
-    throw ValueError(std::string(name) + ": input elements (" + str(in.count) +
-                     ") must divide evenly by world size " + std::to_string(world_));
-  }
-  if (overlaps(out, in)) throw ValueError(std::string(name) + ": output and input overlap; in-place is not supported");
-  Call c = collective(OpKind::kAllToAll, in.dtype, in.count, name);
-  c.a = out;
-  c.b = in;
-  return submit(std::move(c), async);
+  return submit(checked(describe_call(OpKind::kAllToAll, rank_, world_, out, in, -1, ReduceOp::kSum)), async);
 }
 
 Communicator::Call Communicator::p2p_call(const Buffer& x, int peer, int64_t tag, bool is_send) {
+  check_call(describe_p2p(is_send, rank_, world_, x, peer));
   Call c = collective(OpKind::kSend, x.dtype, x.count, is_send ? "send" : "recv");
   c.a = x;
   c.root = peer;
@@ -456,18 +315,11 @@ Communicator::Call Communicator::p2p_call(const Buffer& x, int peer, int64_t tag
 
 std::shared_ptr<Work> Communicator::send(Buffer x, int dst, int64_t tag, bool async) {
   Inside inside(inside_);
-  require_present(x, "tensor", "send");
-  check_peer(dst, "dst");
   return submit(p2p_call(x, dst, tag, true), async);
 }
 
 std::shared_ptr<Work> Communicator::recv(Buffer x, int src, int64_t tag, bool async, int* source) {
   Inside inside(inside_);
-  require_present(x, "tensor", "recv");
-  if (src != kAnySource) check_peer(src, "src");
-  if (src == kAnySource && world_ == 1) {
-    throw ValueError("recv: src=ANY_SOURCE (any source) on a communicator of world size 1: there is no other rank to receive from");
-  }
   return submit(p2p_call(x, src, tag, false), async, source);
 }
 
@@ -573,10 +425,6 @@ void Communicator::release_inline() {
 
 void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) {
   Inside inside(inside_);
-  require_present(send_buf, "send_tensor", "sendrecv");
-  require_present(recv_buf, "recv_tensor", "sendrecv");
-  check_peer(dst, "dst");
-  check_peer(src, "src");
   P2pMember m[2];
   m[0].call = p2p_call(send_buf, dst, 0, true);
   m[1].call = p2p_call(recv_buf, src, 0, false);
@@ -729,28 +577,26 @@ void Communicator::plan(Call& c) {
   c.tag.algo = plan_cache_.plan(ctx, call);
 }
 
-// The size of a call as the cost model (and nccl-tests) counts it: every
-// rank's data for reduce_scatter, scatter and gather (whose per-rank buffer
-// is the one all ranks have).
-Algo Communicator::resolve_algo(const Call& c) const {
-  size_t bytes = c.a.nbytes();
-  if (c.kind == OpKind::kReduceScatter || c.kind == OpKind::kScatter) bytes *= world_;
-  if (c.kind == OpKind::kGather) bytes = c.b.nbytes() * world_;
-  return resolve_algo(c.kind, bytes);
-}
+Algo Communicator::resolve_algo(const Call& c) const { return resolve_algo(c.kind, c.model_bytes); }
 
 // What `auto` (or a forced choice this rank cannot run) means for a call:
-// decided from what every rank knows alike (the configuration, the size,
-// whether every rank can pull, the topology and the agreed cost model), so
-// that all ranks pick the same family.
+// the chooser (comm/chooser.h), from what every rank knows alike (the
+// configuration, the size, whether every rank can pull, the topology and
+// the agreed cost model), so that all ranks pick the same family.
+ChoiceContext Communicator::choice_context(OpKind kind) const {
+  ChoiceContext ctx;
+  ctx.device = Device::kCpu;
+  ctx.configured = algos_.of(kind);
+  ctx.model = &model_;
+  ctx.pull_ok = pull_ok_;
+  return ctx;
+}
+
 Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
-  const Algo forced = algos_.of(kind);
-  // Collectives use the FIFO schedules unless pull is forced: measured here,
-  // their cache-resident slots beat the kernel's cross-process copy (README,
-  // Performance).
-  if (forced == Algo::kPull) return pull_ok_ ? Algo::kPull : default_algo(kind);
-  if (forced != Algo::kAuto) return forced;
-  return model_.pick(kind, bytes);
+  ChoiceCall call;
+  call.kind = kind;
+  call.bytes = bytes;
+  return choose(choice_context(kind), call);
 }
 
 // Rooted schedules do not make every rank hear from every other (a chain
@@ -765,7 +611,7 @@ Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
 // header is also checked against the receiver's call (executor), so the
 // ranks next to a disagreeing one raise at once with both calls described,
 // and tell the others. log2 n peers a rank, the barrier's: not the full mesh
-// of connections that checking every pair would open (README, Errors).
+// of connections that checking every pair would open (docs/errors.md).
 void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, const CallInfo& info) {
   if (world_ == 1) return;
   const MsgTag& t = c.tag;

@@ -19,6 +19,8 @@
 #include "algo/step.h"
 #include "comm/algo_choice.h"
 #include "comm/buffer.h"
+#include "comm/call_check.h"
+#include "comm/chooser.h"
 #include "comm/cost_model.h"
 #include "comm/describe.h"
 #include "comm/executor.h"
@@ -176,6 +178,7 @@ class Communicator {
     bool is_send = false;
     int64_t p2p_tag = 0;
     Buffer a, b;    // a: in-place buffer or output, b: input
+    size_t model_bytes = 0;  // the call's size as the cost model counts it (call_model_bytes)
     std::string name;
   };
 
@@ -217,6 +220,7 @@ class Communicator {
   void plan(Call& call);
   Algo resolve_algo(const Call& c) const;
   Algo resolve_algo(OpKind kind, size_t model_bytes) const;
+  ChoiceContext choice_context(OpKind kind) const;
   // The model over topo_ with `params` (a copy: it may be model_'s own).
   void rebuild_model(CostParams params);
   void worker_loop();
@@ -239,9 +243,8 @@ class Communicator {
     std::atomic<int>& n_;
   };
   static bool thread_inside(const std::atomic<int>* counter);
-  void check_root(int root, const char* arg) const;
-  void check_peer(int peer, const char* arg) const;
   Call collective(OpKind kind, DataType dtype, size_t count, const char* name);
+  Call checked(const CallDesc& d);
 
   const int rank_;
   const int world_;

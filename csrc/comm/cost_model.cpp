@@ -8,7 +8,7 @@
 namespace ringcomm {
 
 CostParams default_cost_params() {
-  // Rough figures of the 2-core machines (README, Cost model): a calibration
+  // Rough figures of the 2-core machines (docs/algorithms.md): a calibration
   // at init or a file from `ringcomm-bench --calibrate` replaces them.
   CostParams p;
   p.intra = {3e-6, 1.0 / 5e9, 0.3e-6};

@@ -64,7 +64,7 @@ struct CostParams {
 };
 
 // What ringcomm assumes before (or instead of) measuring: measured on the
-// 2-core machines of this project (see README, Cost model).
+// 2-core machines of this project (see docs/algorithms.md, "The cost model").
 CostParams default_cost_params();
 
 // How a call may be run: the limits the communicator plans with.

@@ -4,24 +4,6 @@
 
 namespace ringcomm {
 
-IpcAllReduceAlgo parse_ipc_all_reduce_algo(const std::string& s) {
-  if (s == "auto" || s.empty()) return IpcAllReduceAlgo::kAuto;
-  if (s == "oneshot") return IpcAllReduceAlgo::kOneShot;
-  if (s == "twoshot") return IpcAllReduceAlgo::kTwoShot;
-  if (s == "ring") return IpcAllReduceAlgo::kRing;
-  throw ValueError("cuda_ipc all_reduce algorithm '" + s + "' is not one of auto, oneshot, twoshot, ring");
-}
-
-const char* ipc_all_reduce_algo_name(IpcAllReduceAlgo a) {
-  switch (a) {
-    case IpcAllReduceAlgo::kAuto: return "auto";
-    case IpcAllReduceAlgo::kOneShot: return "oneshot";
-    case IpcAllReduceAlgo::kTwoShot: return "twoshot";
-    case IpcAllReduceAlgo::kRing: return "ring";
-  }
-  return "?";
-}
-
 IpcCollectives::IpcCollectives(std::unique_ptr<IpcChannel> channel, IpcThresholds thresholds)
     : ch_(std::move(channel)), th_(thresholds), ops_(ch_.get()), executor_(ch_->geometry().slot_bytes) {
   schedule_.reserve(256);
@@ -33,30 +15,14 @@ IpcCollectives::~IpcCollectives() {
 
 void IpcCollectives::allocate() { executor_.allocate(ops_); }
 
-IpcAllReduceAlgo IpcCollectives::choose(size_t nbytes, IpcAllReduceAlgo algo) const {
-  const size_t stage = ch_->geometry().stage_bytes;
-  if (algo == IpcAllReduceAlgo::kOneShot || algo == IpcAllReduceAlgo::kTwoShot) {
-    if (nbytes > stage) {
-      throw ValueError(std::string("cuda_ipc: ") + ipc_all_reduce_algo_name(algo) + " all_reduce of " +
-                       std::to_string(nbytes) + " bytes exceeds the IPC stage of " + std::to_string(stage) +
-                       " bytes (RINGCOMM_IPC_STAGE_BYTES)");
-    }
-    return algo;
-  }
-  if (algo == IpcAllReduceAlgo::kRing) return algo;
-  if (nbytes <= std::min(th_.one_shot_max, stage)) return IpcAllReduceAlgo::kOneShot;
-  if (nbytes <= std::min(th_.two_shot_max, stage)) return IpcAllReduceAlgo::kTwoShot;
-  return IpcAllReduceAlgo::kRing;
-}
-
 void IpcCollectives::all_reduce(uint64_t seq, char* x, size_t count, DataType dtype, ReduceOp op,
-                                IpcAllReduceAlgo algo, Algo family) {
-  switch (choose(count * dtype_size(dtype), algo)) {
-    case IpcAllReduceAlgo::kOneShot:
+                                Algo chosen, Algo family) {
+  switch (chosen) {
+    case Algo::kOneShot:
       ch_->begin("all_reduce", seq);
       ch_->one_shot_all_reduce(dtype, op, x, x, count);
       return;
-    case IpcAllReduceAlgo::kTwoShot:
+    case Algo::kTwoShot:
       ch_->begin("all_reduce", seq);
       ch_->two_shot_all_reduce(dtype, op, x, x, count);
       return;

@@ -3,9 +3,9 @@
 // the schedules of csrc/algo through the device executor, and for all_reduce
 // the one-shot and two-shot protocols of the channel, picked by size.
 //
-// all_reduce under "auto": bytes <= one_shot_max: one-shot; <= two_shot_max
-// (and within the stage): two-shot; else the ring. The thresholds are
-// settings (RINGCOMM_IPC_ONESHOT_MAX_BYTES, RINGCOMM_IPC_TWOSHOT_MAX_BYTES,
+// all_reduce under "auto" (comm/chooser.h decides): bytes <= one_shot_max:
+// one-shot; <= two_shot_max (and within the stage): two-shot; else the ring.
+// The thresholds are settings (RINGCOMM_IPC_ONESHOT_MAX_BYTES, RINGCOMM_IPC_TWOSHOT_MAX_BYTES,
 // agreed through the store from rank 0), to be set from the latencies that
 // scripts/ipc_bench.py measures (scripts/gpu_check.sh runs it); the defaults
 // (one-shot to 256 KiB, two-shot to 4 MiB) are guesses in the range such
@@ -15,20 +15,12 @@
 #include <memory>
 
 #include "comm/call_plan.h"
+#include "comm/chooser.h"
 #include "comm/device_executor.h"
 #include "comm/ipc_device_ops.h"
 #include "transport/cuda_ipc/ipc_channel.h"
 
 namespace ringcomm {
-
-enum class IpcAllReduceAlgo : uint8_t { kAuto, kOneShot, kTwoShot, kRing };
-IpcAllReduceAlgo parse_ipc_all_reduce_algo(const std::string& s);
-const char* ipc_all_reduce_algo_name(IpcAllReduceAlgo a);
-
-struct IpcThresholds {
-  size_t one_shot_max = 256 << 10;
-  size_t two_shot_max = 4 << 20;
-};
 
 class IpcCollectives {
  public:
@@ -41,9 +33,9 @@ class IpcCollectives {
   // Scratch of the executor, before any use (and before graph capture).
   void allocate();
 
-  // What an all_reduce of `nbytes` runs under `algo` (never kAuto).
-  IpcAllReduceAlgo choose(size_t nbytes, IpcAllReduceAlgo algo) const;
-  void all_reduce(uint64_t seq, char* x, size_t count, DataType dtype, ReduceOp op, IpcAllReduceAlgo algo,
+  // An all_reduce by `chosen` (the chooser's pick: kOneShot, kTwoShot, or
+  // kRing: the schedules, of `family` (kAuto: the ring)).
+  void all_reduce(uint64_t seq, char* x, size_t count, DataType dtype, ReduceOp op, Algo chosen,
                   Algo family = Algo::kAuto);
   // Any collective through its schedule (plan_call); call.algo picks the family.
   void run(const char* what, uint64_t seq, const CallPlan& call, DataType dtype, ReduceOp op);

@@ -9,12 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "comm/call_check.h"  // kAnySource
 #include "ringcomm/types.h"
 #include "transport/transport.h"
 
 namespace ringcomm {
-
-constexpr int kAnySource = -1;
 
 // One posted send or receive. Owned by the matcher (a pool: no allocation
 // per call once warm); the communicator holds it from post to finish().

@@ -3,7 +3,6 @@
 // - _simulate_device_call: one collective of the GPU "ring" family through
 //   the device executor over the in-process NCCL stand-in (testing/device_sim.h),
 //   all ranks on threads of this process, on numpy buffers;
-// - _gpu_family: the rule that picks a GPU call's family (comm/gpu_algo.h);
 // - _FaultRecord / _AbortGate: the GPU communicator's fault bookkeeping
 //   (comm/fault_state.h); the gate's teardown here marks a stand-in handle
 //   dead, and _abort_gate_race checks on threads that no user ever sees it
@@ -20,7 +19,6 @@
 #include "bindings/buffers.h"
 #include "comm/call_plan.h"
 #include "comm/fault_state.h"
-#include "comm/gpu_algo.h"
 #include "testing/device_sim.h"
 
 namespace py = pybind11;
@@ -172,19 +170,6 @@ void bind_device_sim(py::module_& m) {
       },
       py::arg("kind"), py::arg("outs"), py::arg("ins"), py::arg("op"), py::arg("root"), py::arg("chunk_bytes"),
       py::arg("timeout_s") = 10.0, py::arg("algo") = "auto");
-  // GpuCommunicator::choose without a communicator: "nccl" or "ring", or the
-  // ValueError a GPU call would raise.
-  m.def(
-      "_gpu_family",
-      [](const std::string& algo, const std::string& communicator_default, int dtype, int op, bool reduces) {
-        if (dtype < 0 || dtype >= kNumDataTypes || op < 0 || op >= kNumReduceOps) {
-          throw ValueError("_gpu_family: dtype or op code out of range");
-        }
-        return std::string(gpu_algo_name(choose_gpu_family(parse_gpu_algo(algo), parse_gpu_algo(communicator_default),
-                                                           static_cast<DataType>(dtype), static_cast<ReduceOp>(op),
-                                                           reduces)));
-      },
-      py::arg("algo"), py::arg("communicator_default"), py::arg("dtype"), py::arg("op"), py::arg("reduces"));
 }
 
 }  // namespace ringcomm

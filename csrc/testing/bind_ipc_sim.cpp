@@ -11,6 +11,8 @@
 
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
+#include "comm/call_check.h"
+#include "comm/chooser.h"
 #include "comm/ipc_collectives.h"
 #include "transport/cuda_ipc/host_ipc_memory.h"
 
@@ -35,6 +37,18 @@ class IpcHostComm {
   IpcChannel& ch() { return coll_->channel(); }
   std::string linked_name() const { return mem_->linked_name(); }
   IpcCollectives& coll() { return *coll_; }
+  // What an all_reduce of `nbytes` runs under `algo`, as the GPU communicator decides it (comm/chooser.h).
+  Algo choose(size_t nbytes, Algo algo) const {
+    ChoiceContext ctx;
+    ctx.device = Device::kIpc;
+    ctx.configured = algo;
+    ctx.ipc = coll_->thresholds();
+    ctx.ipc_stage_bytes = coll_->channel().geometry().stage_bytes;
+    ChoiceCall call;
+    call.kind = OpKind::kAllReduce;
+    call.bytes = nbytes;
+    return ringcomm::choose(ctx, call);
+  }
 
   // Runs one call: refuses at once after an error, and any error poisons.
   template <class F>
@@ -77,18 +91,20 @@ void bind_ipc_sim(py::module_& m) {
       .def("connect", [](IpcHostComm& c, std::vector<std::string> h) { c.ch().connect(h); })
       .def("exported", [](IpcHostComm& c) { c.ch().exported(); })
       .def("choose", [](IpcHostComm& c, size_t nbytes, const std::string& algo) {
-        return std::string(ipc_all_reduce_algo_name(c.coll().choose(nbytes, parse_ipc_all_reduce_algo(algo))));
+        return std::string(algo_name(c.choose(nbytes, parse_device_algo(Device::kIpc, algo, "algo"))));
       })
       .def(
           "all_reduce",
           [](IpcHostComm& c, py::object x, int op, const std::string& algo, const std::string& family) {
             Buffer b = buffer_from_python(x, "tensor", true);
-            const IpcAllReduceAlgo a = parse_ipc_all_reduce_algo(algo);
+            const Algo requested = parse_device_algo(Device::kIpc, algo, "algo");
             const Algo fam = parse_algo_choice(family).of(OpKind::kAllReduce);
             const ReduceOp rop = static_cast<ReduceOp>(op);
             if (!reduce_op_supported(b.dtype, rop)) throw ValueError("reduce op not defined for this dtype");
             py::gil_scoped_release r;
-            c.call([&](uint64_t seq) { c.coll().all_reduce(seq, b.ptr, b.count, b.dtype, rop, a, fam); });
+            c.call([&](uint64_t seq) {
+              c.coll().all_reduce(seq, b.ptr, b.count, b.dtype, rop, c.choose(b.nbytes(), requested), fam);
+            });
           },
           py::arg("tensor"), py::arg("op"), py::arg("algo") = "auto", py::arg("family") = "auto")
       .def(
@@ -102,8 +118,7 @@ void bind_ipc_sim(py::module_& m) {
             const DataType dtype = (o.present ? o : i).dtype;
             const ReduceOp rop = static_cast<ReduceOp>(op);
             const int world = c.ch().world();
-            if (k == OpKind::kReduceScatter && i.count != o.count * world) throw ValueError("reduce_scatter sizes");
-            if (k == OpKind::kAllGather && o.count != i.count * world) throw ValueError("all_gather sizes");
+            check_call(describe_call(k, c.ch().rank(), world, o, i, root, rop));
             CallPlan call;
             call.kind = k;
             call.out = o.ptr;

@@ -5,6 +5,7 @@
 #include <deque>
 
 #include "algo/schedules.h"
+#include "comm/call_check.h"
 #include "comm/device_executor.h"
 #include "comm/step_order.h"
 #include "ringcomm/types.h"
@@ -139,13 +140,26 @@ void validate(const PlanCheckCall& c) {
   if (c.kind == OpKind::kSend || static_cast<int>(c.kind) < 1 || static_cast<int>(c.kind) >= kNumOpKinds) {
     throw ValueError("check_plan: not a collective");
   }
-  if (is_rooted(c.kind) && (c.root < 0 || c.root >= c.world)) {
-    throw ValueError("check_plan: root " + std::to_string(c.root) + " out of range for world " +
-                     std::to_string(c.world));
-  }
-  if (c.kind == OpKind::kAllToAll && c.count % c.world) {
-    throw ValueError("check_plan: all_to_all count " + str(c.count) + " must divide evenly by world size " +
-                     std::to_string(c.world));
+  // The call's own rules are the communicators' (comm/call_check.h), on
+  // every rank's buffers as the plan checker lays them out.
+  size_t in_bytes = 0, out_bytes = 0;
+  buffer_bytes(c, &in_bytes, &out_bytes);
+  for (int r = 0; r < c.world; ++r) {
+    auto buffer = [&](size_t bytes, uintptr_t at) {
+      Buffer b;
+      b.ptr = reinterpret_cast<char*>(at);
+      b.dtype = DataType::kUInt8;
+      b.count = bytes / c.elem;  // elements, as the call counts them (one byte each here)
+      b.present = true;
+      return b;
+    };
+    const size_t base = size_t{1} << 40;
+    Buffer out = buffer(out_bytes, base), in = has_input(c.kind) ? buffer(in_bytes, base << 1) : Buffer{};
+    try {
+      check_call(describe_call(c.kind, r, c.world, out, in, c.root, ReduceOp::kSum));
+    } catch (const ValueError& e) {
+      throw ValueError(std::string("check_plan: ") + e.what());
+    }
   }
   if (!c.ring.empty()) {
     std::vector<char> seen(c.world, 0);

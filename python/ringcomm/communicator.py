@@ -327,7 +327,7 @@ class Communicator:
         """tensor <- src's tensor, on every rank."""
         if stream is None and algo is None:
             try:
-                w = self._c().broadcast(tensor, validate.index(src, "src", 0, self._world_size - 1), async_op)
+                w = self._c().broadcast(tensor, validate.rank_arg(src, "src"), async_op)
                 return w if w is None else self._track(w, tensor)
             except _DeviceBuffer:
                 pass
@@ -337,7 +337,7 @@ class Communicator:
         """dst's tensor <- the reduction of every rank's tensor (others unchanged)."""
         if stream is None and algo is None:
             try:
-                w = self._c().reduce(tensor, validate.index(dst, "dst", 0, self._world_size - 1), op_value(op), async_op)
+                w = self._c().reduce(tensor, validate.rank_arg(dst, "dst"), op_value(op), async_op)
                 return w if w is None else self._track(w, tensor)
             except _DeviceBuffer:
                 pass
@@ -347,7 +347,7 @@ class Communicator:
         """output <- block `rank` of src's input (input is only read on src)."""
         if stream is None and algo is None:
             try:
-                w = self._c().scatter(output, input, validate.index(src, "src", 0, self._world_size - 1), async_op)
+                w = self._c().scatter(output, input, validate.rank_arg(src, "src"), async_op)
                 return w if w is None else self._track(w, output, input)
             except _DeviceBuffer:
                 pass
@@ -357,7 +357,7 @@ class Communicator:
         """dst's output <- every rank's input in rank order (output only used on dst)."""
         if stream is None and algo is None:
             try:
-                w = self._c().gather(output, input, validate.index(dst, "dst", 0, self._world_size - 1), async_op)
+                w = self._c().gather(output, input, validate.rank_arg(dst, "dst"), async_op)
                 return w if w is None else self._track(w, output, input)
             except _DeviceBuffer:
                 pass
@@ -380,7 +380,7 @@ class Communicator:
         tag = _tag(tag)
         if stream is None:
             try:
-                w = self._c().send(tensor, validate.index(dst, "dst", 0, self._world_size - 1), tag, async_op)
+                w = self._c().send(tensor, validate.rank_arg(dst, "dst"), tag, async_op)
                 return w if w is None else self._track(w, tensor)
             except _DeviceBuffer:
                 pass
@@ -393,7 +393,7 @@ class Communicator:
         message came from; with async_op=True (irecv) a Work whose
         source_rank() says it once complete."""
         tag = _tag(tag)
-        src = ANY_SOURCE if src is None else validate.index(src, "src", ANY_SOURCE, self._world_size - 1)
+        src = ANY_SOURCE if src is None else validate.rank_arg(src, "src")
         if stream is None:
             try:
                 w = self._c().recv(tensor, src, tag, async_op)
@@ -428,8 +428,8 @@ class Communicator:
         other GPU calls)."""
         if stream is None:
             try:
-                self._c().sendrecv(send_tensor, validate.index(dst, "dst", 0, self._world_size - 1), recv_tensor,
-                                   validate.index(src, "src", 0, self._world_size - 1))
+                self._c().sendrecv(send_tensor, validate.rank_arg(dst, "dst"), recv_tensor,
+                                   validate.rank_arg(src, "src"))
                 return
             except _DeviceBuffer:
                 pass
@@ -492,16 +492,39 @@ class Communicator:
                             cost_params=self._c().cost_params())
 
     # -- the cost model -------------------------------------------------------
-    def explain(self, op, nbytes):
+    def explain(self, op, nbytes, device="cpu"):
         """Every algorithm `op` could run here for `nbytes` (the size
         nccl-tests reports: the buffer of all_reduce, broadcast and reduce,
         all ranks' data for reduce_scatter, all_gather, scatter, gather and
         all_to_all) as (name, predicted seconds) pairs: what the call would
         run first (picked by the model, or forced by RINGCOMM_ALGO / algo=),
-        then the others, fastest first. NaN: not modelled (pull)."""
+        then the others, fastest first. NaN: not modelled (pull, and every
+        GPU candidate: no GPU link is measured).
+
+        device: "cpu" (this communicator's CPU calls, its cost model), or
+        "nccl" / "cuda_ipc" (a float32 SUM call on GPU buffers over that
+        transport, under RINGCOMM_GPU_ALGO / RINGCOMM_IPC_ALGO and the IPC
+        thresholds): one chooser decides for every device
+        (csrc/comm/chooser.h)."""
         op = validate.choice(op, "op", _EXPLAINABLE)
         nbytes = validate.index(nbytes, "nbytes", lo=0, hi=(1 << 63) - 1)
-        return [(name, float(t)) for name, t in self._c().explain(op, nbytes)]
+        device = validate.choice(device, "device", ("cpu", "nccl", "cuda_ipc"))
+        if device == "cpu":
+            return [(name, float(t)) for name, t in self._c().explain(op, nbytes)]
+        if op == "barrier":
+            raise ValueError("barrier on GPU buffers: there is none (barrier is a CPU call)")
+        float32 = 2
+        if device == "nccl":
+            configured = os.environ.get("RINGCOMM_GPU_ALGO", "auto") or "auto"
+            return [(n, float(t)) for n, t in _C.explain_algo("nccl", op, nbytes, float32, configured=configured)]
+        from ringcomm import cuda_ipc
+
+        s = cuda_ipc.settings(None)
+        configured = os.environ.get("RINGCOMM_IPC_ALGO", "auto") or "auto"
+        return [(n, float(t)) for n, t in _C.explain_algo("cuda_ipc", op, nbytes, float32, configured=configured,
+                                                          one_shot_max=s["one_shot_max"],
+                                                          two_shot_max=s["two_shot_max"],
+                                                          stage_bytes=s["stage_bytes"])]
 
     def cost_params(self):
         """The cost model's parameters (the same on every rank) and where they came from."""

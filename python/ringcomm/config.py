@@ -2,42 +2,13 @@
 variables, then defaults. An empty variable counts as unset; a bad value is a
 ValueError naming the variable (a keyword of the wrong type a TypeError).
 
-RINGCOMM_TIMEOUT           seconds any blocking wait may take (default 300; > 0, at most 30 days)
-RINGCOMM_ALGO              auto | one name, forced for every op that has it: ring, oneshot (all_reduce),
-                           pull (every collective and send/recv by single-copy pulls, where the OS
-                           allows), recursive_doubling, rabenseifner (all_reduce), tree (broadcast, reduce),
-                           bruck (all_gather), hierarchical (all_reduce, broadcast, reduce,
-                           all_gather, reduce_scatter across hosts),
-                           direct (scatter, gather, all_to_all, barrier) |
-                           op:name,... per op (e.g. all_reduce:recursive_doubling,broadcast:tree)
-RINGCOMM_PULL              0 disables single-copy pulls (default 1; 0 or 1)
-RINGCOMM_PULL_MIN_BYTES    send/recv of at least this size pull (default 16 MiB; 0 to 2**63 - 1)
-RINGCOMM_P2P_UNEXPECTED_MB MiB of messages received before their recv was posted (another tag's, say)
-                           a rank holds, all peers together (default 256; 0 to 2**40)
-RINGCOMM_ONESHOT_MAX_BYTES auto: largest all_reduce done one-shot (default 65536; 0 to 1 GiB)
-RINGCOMM_SLOT_BYTES        bytes per pipelined segment (default 131072; a multiple of 64, 64 to 1 GiB)
-RINGCOMM_SLOTS             segments in flight per peer (default 16; 3 to 4096)
-RINGCOMM_SPIN_US           microseconds a waiting rank spins before it yields (0 to 6e7)
-RINGCOMM_YIELD_US          microseconds it yields before it sleeps (0 to 6e7)
-RINGCOMM_CHECK_AGREEMENT   0: rooted calls (broadcast, reduce, scatter, gather) skip the agreement check
-                           that makes ranks disagreeing on the root raise (default 1; for measuring
-                           its cost; every rank must use the same setting)
-RINGCOMM_COST_MODEL        what `auto` picks with: measure (default: links measured at init, ~50 ms at
-                           most) | default (built-in figures) | a file `ringcomm-bench --calibrate` wrote
-                           (read by rank 0 only; every rank must use the same setting)
-RINGCOMM_RING_ORDER        host (default: each host's ranks next to each other) | rank (rank order)
-RINGCOMM_PLAN_CACHE        plans a communicator keeps per call signature, re-based onto each repeated
-                           call's buffers (default 64; 0 plans every call afresh; at most 4096)
-RINGCOMM_HOST_ID           overrides the host identity (hostname + boot id; at most 255 characters)
-RINGCOMM_TRANSPORT         auto (shared memory on one host, TCP between hosts) | shm | tcp (every peer) |
-                           cuda_ipc (GPU buffers over CUDA IPC among the ranks of one host, CPU buffers as
-                           auto; under auto, GPU buffers go over NCCL unless two ranks share a GPU, which
-                           cuda_ipc then serves: ringcomm/cuda_ipc.py pick_gpu_transport)
-RINGCOMM_SOCKET_IFNAME     interface(s) TCP listens on and advertises, e.g. eth0 (comma list; default:
-                           the address that routes to MASTER_ADDR / the store's host)
+Every environment variable ringcomm reads is in SETTINGS below, with its
+default and meaning: docs/configuration.md's table is generated from it
+(`python scripts/gen_config_docs.py`; `--check` only compares).
 """
 import os
 import re
+from typing import Callable, NamedTuple, Union
 
 from ringcomm import _C, validate
 
@@ -64,6 +35,139 @@ MAX_WAIT_US = 60e6
 # names are at most IFNAMSIZ - 1 = 15 bytes on Linux (longer ones were cut).
 MAX_HOST_ID = 255
 MAX_IFNAME_BYTES = 15
+
+class Setting(NamedTuple):
+    """One environment variable: `default` as the docs show it (a str, or a
+    function of the native Config's defaults, so that the docs show what the
+    code does), `meaning` (markdown, one line) and the code that reads it."""
+    name: str
+    default: Union[str, Callable[["_C.Config"], str]]
+    meaning: str
+    read_by: str = "python/ringcomm/config.py"
+
+
+def _size(n):
+    """Bytes as the docs show them: 65536 (64 KiB), 16 MiB (16777216)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}" if shift >= 20 else f"{n} ({n >> shift} {unit})"
+    return str(n)
+
+
+def _gpu_default(key):
+    def show(_cfg):
+        from ringcomm import cuda_ipc
+        return _size(cuda_ipc.DEFAULTS[key]) if key.endswith(("bytes", "max")) else str(cuda_ipc.DEFAULTS[key])
+    return show
+
+
+def _gpu_chunk(_cfg):
+    from ringcomm import cuda
+    return _size(cuda.DEFAULT_CHUNK_BYTES)
+
+
+# The communicator's settings (make_config; RINGCOMM_HOST_ID and
+# RINGCOMM_SOCKET_IFNAME are used by bootstrap, checked here).
+SETTINGS = (
+    Setting("RINGCOMM_TIMEOUT", lambda c: f"{c.timeout_s:g}",
+            "seconds a blocking wait may take (more than 0, at most 30 days); also `init(timeout=)`"),
+    Setting("RINGCOMM_ALGO", lambda c: c.algo,
+            "`auto` (every op picks by size); one name, forced for every op that has it (`pull`: send/recv "
+            "too); or per op, `all_reduce:recursive_doubling,broadcast:tree`; the names and the ops that have "
+            "each: [algorithms.md](algorithms.md#algorithm-names); also `init(algo=)`"),
+    Setting("RINGCOMM_PULL", lambda c: "1" if c.pull else "0",
+            "`0` turns single-copy pulls off (`0` or `1`)"),
+    Setting("RINGCOMM_PULL_MIN_BYTES", lambda c: _size(c.pull_min_bytes),
+            "send/recv of at least this size pull (0 to 2**63 - 1)"),
+    Setting("RINGCOMM_P2P_UNEXPECTED_MB", lambda c: str(c.p2p_unexpected_bytes >> 20),
+            "MiB of messages that arrived before their recv (another tag's, or across a collective) a rank "
+            "holds, all peers together; past it a message waits in its FIFO (0 to 2**40)"),
+    Setting("RINGCOMM_ONESHOT_MAX_BYTES", lambda c: _size(c.oneshot_max_bytes),
+            "the largest all_reduce `auto` may run one-shot (its scratch is world x size, allocated at init; "
+            "0 to 1 GiB)"),
+    Setting("RINGCOMM_COST_MODEL", lambda c: c.cost_model,
+            "what `auto` picks with: `measure` (links measured at init, ~50 ms at most), `default` (built-in "
+            "figures), or a file `ringcomm-bench --calibrate FILE` wrote (rank 0 reads it); the same on every rank"),
+    Setting("RINGCOMM_RING_ORDER", lambda c: c.ring_order,
+            "`host` (each host's ranks next to each other in rings and chains) or `rank` (rank order, for "
+            "comparison)"),
+    Setting("RINGCOMM_PLAN_CACHE", lambda c: str(c.plan_cache_entries),
+            "plans a communicator keeps, one per call signature (op, count, root, algorithm, AVG, element size, "
+            "in-place or not), re-based onto each repeated call's buffers so a loop with fresh tensors does not "
+            "plan its calls again; least recently used dropped first, all plans together at most 131072 steps "
+            "(csrc/comm/plan_cache.h); pull schedules are never kept; `0` plans every call afresh (0 to 4096)"),
+    Setting("RINGCOMM_SLOT_BYTES", lambda c: _size(c.slot_bytes),
+            "bytes per pipelined segment (a multiple of 64, 64 to 1 GiB)"),
+    Setting("RINGCOMM_SLOTS", lambda c: str(c.nslots), "segments in flight per peer (3 to 4096)"),
+    Setting("RINGCOMM_SPIN_US", lambda c: f"{c.spin_us:g}",
+            "microseconds a waiting rank spins before it yields (0 to 6e7)"),
+    Setting("RINGCOMM_YIELD_US", lambda c: f"{c.yield_us:g}",
+            "microseconds it then yields before it sleeps (0 to 6e7)"),
+    Setting("RINGCOMM_CHECK_AGREEMENT", lambda c: "1" if c.check_agreement else "0",
+            "`0`: rooted calls (broadcast, reduce, scatter, gather) skip the agreement check (ceil(log2 n) "
+            "rounds) that makes ranks disagreeing on the root raise; for measuring its cost; the same on every rank"),
+    Setting("RINGCOMM_HOST_ID", "unset",
+            "overrides the host identity (hostname + boot id; network namespaces share both; at most 255 "
+            "characters)", "python/ringcomm/bootstrap.py"),
+    Setting("RINGCOMM_TRANSPORT", lambda c: c.transport,
+            "`auto` (shm on one host, TCP between hosts), `shm`, `tcp` (every peer), `cuda_ipc` (GPU buffers "
+            "over CUDA IPC among the ranks of one host, CPU buffers as auto; under `auto`, GPU buffers go over "
+            "NCCL unless two ranks share a GPU, which cuda_ipc then serves: `python/ringcomm/cuda_ipc.py` "
+            "`pick_gpu_transport`); also `init(transport=)`"),
+    Setting("RINGCOMM_SOCKET_IFNAME", "the address that routes to `MASTER_ADDR` / the store's host",
+            "interface(s) TCP listens on and advertises, e.g. `eth0` (comma list)", "python/ringcomm/bootstrap.py"),
+)
+
+# The GPU path's settings ([gpus.md](gpus.md)); rank 0's hold for every rank.
+GPU_SETTINGS = (
+    Setting("RINGCOMM_GPU_ALGO", "auto",
+            "`auto` (NCCL's collective except for bool, the bitwise ops and floating-point MIN/MAX), `nccl`, "
+            "`ring` (ringcomm's schedules over NCCL send/recv); a call's `algo=` overrides it",
+            "python/ringcomm/cuda.py"),
+    Setting("RINGCOMM_GPU_CHUNK_BYTES", _gpu_chunk,
+            "the ring family's chunk (a multiple of 64, 64 to 1 GiB)", "python/ringcomm/cuda.py"),
+    Setting("RINGCOMM_NCCL_LIBRARY", "unset",
+            "the NCCL library to load (default: the copy torch loaded, else the nvidia-nccl wheel's, else the "
+            "system's `libnccl.so.2`)", "csrc/transport/nccl/nccl_lib.cpp"),
+    Setting("RINGCOMM_IPC_ALGO", "auto",
+            "all_reduce over cuda_ipc: `auto` (by size, below), `oneshot`, `twoshot` or `ring`",
+            "python/ringcomm/cuda.py"),
+    Setting("RINGCOMM_IPC_SLOT_BYTES", _gpu_default("slot_bytes"),
+            "the most one point-to-point chunk over cuda_ipc moves (on the GPU the ring family's chunk, "
+            "`RINGCOMM_GPU_CHUNK_BYTES`, unless this is set)", "python/ringcomm/cuda_ipc.py"),
+    Setting("RINGCOMM_IPC_NSLOTS", _gpu_default("nslots"), "cuda_ipc slots per peer", "python/ringcomm/cuda_ipc.py"),
+    Setting("RINGCOMM_IPC_STAGE_BYTES", _gpu_default("stage_bytes"),
+            "the largest one-/two-shot all_reduce over cuda_ipc", "python/ringcomm/cuda_ipc.py"),
+    Setting("RINGCOMM_IPC_ONESHOT_MAX_BYTES", _gpu_default("one_shot_max"),
+            "all_reduce up to this size runs one-shot over cuda_ipc (not measured: `scripts/ipc_bench.py` "
+            "prints the thresholds its latencies suggest)", "python/ringcomm/cuda_ipc.py"),
+    Setting("RINGCOMM_IPC_TWOSHOT_MAX_BYTES", _gpu_default("two_shot_max"),
+            "then two-shot up to this size, then the ring (not measured either)", "python/ringcomm/cuda_ipc.py"),
+)
+
+# Knobs for tests and diagnosis.
+DEBUG_SETTINGS = (
+    Setting("RINGCOMM_REDUCE_ISA", "unset",
+            "`baseline` forces the portable reduction kernels instead of AVX2 (so tests can check both on one "
+            "machine)", "csrc/reduce/cpu/dispatch.cpp"),
+)
+
+TABLE_BEGIN = "<!-- config-table: generated by scripts/gen_config_docs.py from python/ringcomm/config.py -->"
+TABLE_END = "<!-- end config-table -->"
+
+
+def markdown_table():
+    """The tables of docs/configuration.md, from SETTINGS, GPU_SETTINGS and
+    DEBUG_SETTINGS (defaults read from the native Config)."""
+    cfg = _C.Config()
+    out = []
+    for title, group in (("Communicator", SETTINGS), ("GPU path", GPU_SETTINGS), ("Tests and diagnosis", DEBUG_SETTINGS)):
+        out += ["", f"**{title}**", "", "| variable | meaning | default | read by |", "|---|---|---|---|"]
+        for s in group:
+            default = s.default(cfg) if callable(s.default) else s.default
+            out.append(f"| `{s.name}` | {s.meaning} | {default} | `{s.read_by}` |")
+    return "\n".join(out[1:]) + "\n"
+
 
 _INT = re.compile(r"[+-]?[0-9]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -189,3 +293,4 @@ def make_config(timeout=None, algo=None, transport=None):
     cfg.cost_model = _cost_model_setting()
     _check_host_settings()
     return cfg
+

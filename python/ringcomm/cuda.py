@@ -1,7 +1,7 @@
 """The GPU path: collectives on CUDA tensors (torch), CUDA arrays (cupy, anything
 with ``__cuda_array_interface__``, DLPack objects on a CUDA device through torch).
 
-Stream semantics (DESIGN.md): a call is ordered after the work already queued on the
+Stream semantics (docs/gpus.md): a call is ordered after the work already queued on the
 caller's stream (``stream=``; default: the framework's current stream on the tensor's
 device), runs on the communicator's own stream, and
 
@@ -34,7 +34,7 @@ Algorithms (``algo=`` per call, or RINGCOMM_GPU_ALGO): "nccl" (NCCL's collective
 "ring" (ringcomm's schedules over NCCL send/recv with ringcomm's CUDA kernels), "auto"
 (nccl where NCCL reduces alike; ring for bool, the bitwise ops and floating-point MIN/MAX,
 whose NCCL versions drop NaN where ringcomm propagates it: "nccl" forced on those raises
-ValueError; the rule is csrc/comm/gpu_algo.h). Rank 0's RINGCOMM_GPU_ALGO and
+ValueError; the rule is csrc/comm/chooser.h). Rank 0's RINGCOMM_GPU_ALGO and
 RINGCOMM_GPU_CHUNK_BYTES hold for every rank (agreed when an NCCL communicator is
 created): ranks that ran different families would wait on each other until the watchdog
 fired.
@@ -43,56 +43,12 @@ import os
 import threading
 
 from ringcomm import _C, bootstrap, validate
-from ringcomm.errors import RingcommError, TimeoutError
-from ringcomm.work import seconds
+from ringcomm.errors import RingcommError, TimeoutError  # noqa: F401 - part of this module's API (__all__)
+from ringcomm.gpu_buffers import device_buffer, is_device_buffer, stream_handle
+from ringcomm.gpu_work import GpuWork
+from ringcomm.nccl import agree_settings, available, compiled, nccl_version  # noqa: F401 - available: API
 
-_TORCH_DTYPES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3,
-                 "int8": 4, "uint8": 5, "int32": 6, "int64": 7, "bool": 8}
-_TYPESTRS = {"f2": 0, "f4": 2, "f8": 3, "i1": 4, "u1": 5, "i4": 6, "i8": 7, "b1": 8}
-GPU_ALGOS = ("auto", "nccl", "ring")
-# all_reduce's per-call algo= over cuda_ipc may also name the one-shot / two-shot protocols.
-IPC_ALL_REDUCE_ALGOS = ("oneshot", "twoshot")
 DEFAULT_CHUNK_BYTES = 4 << 20
-
-
-def compiled():
-    """Whether this build has the GPU path."""
-    return hasattr(_C, "GpuCommunicator")
-
-
-def available():
-    """Whether the GPU path can run here: compiled in, and a CUDA device present."""
-    return compiled() and _C.cuda_device_count() > 0
-
-
-def _nccl_search_paths():
-    """libnccl.so.2 of installed nvidia-nccl-cu13 / -cu12 wheels (namespace package nvidia.nccl)."""
-    import importlib.util
-
-    paths = []
-    try:
-        spec = importlib.util.find_spec("nvidia.nccl")
-    except (ImportError, ValueError):
-        spec = None
-    for loc in (spec.submodule_search_locations if spec else None) or []:
-        lib = os.path.join(loc, "lib", "libnccl.so.2")
-        if os.path.exists(lib):
-            paths.append(lib)
-    return paths
-
-
-_nccl_paths_set = False
-
-
-def nccl_version():
-    """(version, path) of the NCCL library the GPU path uses (loads it)."""
-    global _nccl_paths_set
-    if not compiled():
-        raise RingcommError("ringcomm: this build has no GPU path (no CUDA toolkit at build time)")
-    if not _nccl_paths_set:
-        _C.nccl_set_search_paths(_nccl_search_paths())
-        _nccl_paths_set = True
-    return _C.nccl_version()
 
 
 def _host():
@@ -105,184 +61,9 @@ def bootstrap_exchange(store, prefix, rank, world_size, info, timeout_s):
     return bootstrap.exchange(store, prefix, rank, world_size, info, timeout_s, schema=schema)
 
 
-class DeviceBuffer:
-    """A contiguous CUDA buffer: pointer, element count, ringcomm dtype code, device."""
-
-    __slots__ = ("obj", "ptr", "count", "dtype", "device", "torch")
-
-    def __init__(self, obj, ptr, count, dtype, device, torch_tensor):
-        self.obj, self.ptr, self.count, self.dtype, self.device = obj, ptr, count, dtype, device
-        self.torch = torch_tensor
-
-
-def _torch():
-    import sys
-
-    return sys.modules.get("torch")
-
-
-def device_buffer(x, arg):
-    """Reads a CUDA tensor / array; raises TypeError / ValueError naming `arg`."""
-    torch = _torch()
-    if torch is not None and isinstance(x, torch.Tensor):
-        if not x.is_cuda:
-            raise ValueError(f"{arg} is on {x.device}; the other buffers of this call are on a CUDA device")
-        if not x.is_contiguous():
-            raise ValueError(f"{arg} must be contiguous (call .contiguous() first)")
-        name = str(x.dtype).rsplit(".", 1)[-1]
-        if name not in _TORCH_DTYPES:
-            raise TypeError(f"{arg} has unsupported dtype {x.dtype}")
-        return DeviceBuffer(x, x.data_ptr(), x.numel(), _TORCH_DTYPES[name], x.device.index, True)
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is not None:
-        ptr, _readonly = cai["data"]
-        shape = tuple(cai["shape"])
-        typestr = cai["typestr"]
-        if typestr[0] == ">" or typestr[1:] not in _TYPESTRS:
-            raise TypeError(f"{arg} has unsupported typestr {typestr!r}")
-        count = 1
-        for d in shape:
-            count *= int(d)
-        strides = cai.get("strides")
-        if strides is not None:
-            expect = int(typestr[2:])
-            for d, s in zip(reversed(shape), reversed(strides)):
-                if d > 1 and s != expect:
-                    raise ValueError(f"{arg} must be C-contiguous")
-                expect *= d
-        device = getattr(getattr(x, "device", None), "id", None)
-        if device is None:
-            device = _C.cuda_pointer_device(ptr) if ptr else 0
-        return DeviceBuffer(x, ptr, count, _TYPESTRS[typestr[1:]], device, False)
-    if hasattr(x, "__dlpack_device__") and torch is not None:
-        dev_type, _ = x.__dlpack_device__()
-        if dev_type == 2:  # kDLCUDA
-            return device_buffer(torch.from_dlpack(x), arg)
-    raise TypeError(f"{arg} must be a CUDA torch tensor or an object with __cuda_array_interface__ "
-                    f"(cupy), got {type(x).__name__}")
-
-
-def is_device_buffer(x):
-    torch = _torch()
-    if torch is not None and isinstance(x, torch.Tensor):
-        return x.is_cuda
-    if hasattr(x, "__cuda_array_interface__"):
-        return True
-    if hasattr(x, "__dlpack_device__"):
-        try:
-            return x.__dlpack_device__()[0] == 2
-        except Exception:  # noqa: BLE001
-            return False
-    return False
-
-
-def current_stream(device, prefer_torch):
-    """The framework's current stream on `device` (torch's for torch tensors, else
-    cupy's when cupy is loaded, else the legacy default stream 0)."""
-    import sys
-
-    torch = _torch()
-    if prefer_torch and torch is not None:
-        return torch.cuda.current_stream(device).cuda_stream
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        with cupy.cuda.Device(device):
-            return cupy.cuda.get_current_stream().ptr
-    return 0
-
-
-def stream_handle(stream, buf):
-    """The cudaStream_t (int) a call on `buf` is ordered after."""
-    if stream is None:
-        return current_stream(buf.device, buf.torch)
-    if isinstance(stream, int):
-        return stream
-    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
-        h = getattr(stream, attr, None)
-        if isinstance(h, int):
-            return h
-    raise TypeError(f"stream must be an int handle, a torch.cuda.Stream or a cupy Stream, got {type(stream).__name__}")
-
-
-class GpuWork:
-    """The handle of an asynchronous GPU operation (async_op=True)."""
-
-    __slots__ = ("_native", "_buffers", "_device", "_torch")
-
-    def __init__(self, native, buffers, device, torch_buffers):
-        self._native = native
-        self._buffers = buffers
-        self._device = device
-        self._torch = torch_buffers
-
-    def wait(self, timeout=None, stream=None):
-        """Makes `stream` (default: the current stream of the tensors' framework on their
-        device) wait for the operation. Without `timeout` the host does not block; with one
-        (seconds or timedelta, 0 to poll) the host first waits that long for the operation
-        to finish, as torch's Work.wait(timeout), and raises ringcomm.TimeoutError if it
-        did not (the operation keeps running; the watchdog still bounds it). Raises the
-        operation's error when it is known to have failed. Returns True."""
-        t = seconds(timeout)
-        if t is not None and not self._native.wait_host(t):
-            raise TimeoutError(f"ringcomm: wait for {self._native.what} did not complete within {t} s "
-                               "(the operation is still running)")
-        if stream is None:
-            handle = current_stream(self._device, self._torch)
-        else:
-            handle = stream_handle(stream, None)
-        self._native.wait_stream(handle)  # raises the operation's error first
-        return True
-
-    def synchronize(self, timeout=None):
-        """Blocks the host until the operation finished (TimeoutError after `timeout`
-        seconds, default the communicator's; the NCCL communicator is then aborted).
-        Raises the operation's error if it failed."""
-        t = seconds(timeout)
-        self._native.synchronize(-1.0 if t is None else t)
-        return True
-
-    def is_completed(self):
-        """True once the operation finished, successfully or not (see exception())."""
-        return bool(self._native.error()) or self._native.is_completed()
-
-    def exception(self):
-        """The error the operation failed with (the watchdog's timeout, an NCCL error,
-        an abort), or None."""
-        msg = self._native.error()
-        if not msg:
-            return None
-        cls = TimeoutError if self._native.error_is_timeout() else RingcommError
-        return cls(f"ringcomm: {self._native.what} failed: {msg}")
-
-    def __repr__(self):
-        state = "completed" if self.is_completed() else "pending"
-        return f"<ringcomm.GpuWork {self._native.what} on cuda:{self._device} {state}>"
-
-
 # Buffers of calls whose stream close() could not drain (a CUDA error): the GPU may
 # still write them, so their memory must never return to the allocator.
 _held_forever = []
-
-
-def agree_settings(store, key, rank, timeout_s, mine, make_uid):
-    """The settings every rank of one NCCL communicator uses: rank 0's `mine` (its
-    RINGCOMM_GPU_CHUNK_BYTES and RINGCOMM_GPU_ALGO) and a unique id from rank 0's
-    `make_uid()`, through `store` under `key`. Ranks that cut the ring's messages
-    differently, or ran different families, would wait on each other until the
-    watchdog fired."""
-    import json
-
-    from ringcomm import bootstrap
-
-    if rank == 0:
-        store.set(key, json.dumps({**mine, "uid": make_uid()}))
-    bootstrap.wait_keys(store, [key], timeout_s, "waiting for rank 0's NCCL unique id and GPU settings", rank)
-    shared = json.loads(bootstrap._text(store.get(key)))
-    chunk, algo = shared.get("chunk"), shared.get("algo")
-    if not isinstance(chunk, int) or algo not in GPU_ALGOS or not isinstance(shared.get("uid"), str):
-        raise RingcommError(f"ringcomm: rank 0's GPU settings under {key!r} are not what this rank expects "
-                            f"(got {sorted(shared)}); do all ranks run the same ringcomm version?")
-    return shared
 
 
 class GpuPath:
@@ -299,10 +80,8 @@ class GpuPath:
         self._created = 0
         self._inflight = []  # (native work, buffers): references held until its event completed
         self._lock = threading.Lock()
-        algo = os.environ.get("RINGCOMM_GPU_ALGO", "auto") or "auto"
-        if algo not in GPU_ALGOS:
-            raise ValueError(f"RINGCOMM_GPU_ALGO={algo!r} is not one of {', '.join(GPU_ALGOS)}")
-        self._default_algo = algo
+        self._default_algo = _C.parse_algo("nccl", os.environ.get("RINGCOMM_GPU_ALGO", "auto") or "auto",
+                                           "RINGCOMM_GPU_ALGO")
         raw = os.environ.get("RINGCOMM_GPU_CHUNK_BYTES") or str(DEFAULT_CHUNK_BYTES)
         try:
             self._chunk = int(raw.strip(), 10)
@@ -351,9 +130,8 @@ class GpuPath:
 
         c = self._comm
         store, rank, ws, timeout_s = c._store, c.rank, c.world_size, c._config.timeout_s
-        ipc_algo = os.environ.get("RINGCOMM_IPC_ALGO", "auto") or "auto"
-        if ipc_algo not in cuda_ipc.ALL_REDUCE_ALGOS:
-            raise ValueError(f"RINGCOMM_IPC_ALGO={ipc_algo!r} is not one of {', '.join(cuda_ipc.ALL_REDUCE_ALGOS)}")
+        ipc_algo = _C.parse_algo("cuda_ipc", os.environ.get("RINGCOMM_IPC_ALGO", "auto") or "auto",
+                                 "RINGCOMM_IPC_ALGO")
         # The ring family's chunk is the slot (RINGCOMM_GPU_CHUNK_BYTES, unless
         # RINGCOMM_IPC_SLOT_BYTES says otherwise).
         mine = cuda_ipc.settings(None if os.environ.get("RINGCOMM_IPC_SLOT_BYTES") else {"slot_bytes": self._chunk})
@@ -456,114 +234,105 @@ class GpuPath:
 
     @staticmethod
     def _algo(algo):
+        """A call's algo= (None: auto); the chooser (csrc/comm/chooser.h) says what it means on the device."""
         if algo is None:
             return "auto"
-        if algo not in GPU_ALGOS:
-            raise ValueError(f"algo {algo!r} is not one of {', '.join(GPU_ALGOS)}")
-        return algo
+        if not isinstance(algo, str):
+            raise TypeError(f"algo must be a str or None, got {type(algo).__name__}")
+        return _C.parse_gpu_call_algo(algo)
 
     def all_reduce(self, tensor, op, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        self._check("all_reduce", x, redop=op)
         g, s = self.native(first.device), stream_handle(stream, first)
-        if algo in IPC_ALL_REDUCE_ALGOS:
-            if not g.over_ipc:
-                raise ValueError(f"algo {algo!r} needs the cuda_ipc transport (RINGCOMM_TRANSPORT=cuda_ipc or "
-                                 "init(transport='cuda_ipc')); this communicator runs over NCCL")
-            w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, "auto", algo)
-        else:
-            w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, self._algo(algo),
-                             "ring" if algo == "ring" and g.over_ipc else "auto")
+        w = g.all_reduce(x.ptr, x.count, x.dtype, op, s, self._algo(algo))
         return self._finish(g, w, [x], s, async_op)
 
     def reduce_scatter(self, output, input, op, async_op, stream, algo):
         (o, i), first = self._bufs(("output", output), ("input", input))
-        self._same_dtype(o, i)
+        self._check("reduce_scatter", o, i, redop=op)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.reduce_scatter(o.ptr, o.count, i.ptr, i.count, i.dtype, op, s, self._algo(algo))
         return self._finish(g, w, [o, i], s, async_op)
 
     def all_gather(self, output, input, async_op, stream, algo):
         (o, i), first = self._bufs(("output", output), ("input", input))
-        self._same_dtype(o, i)
+        self._check("all_gather", o, i)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.all_gather(o.ptr, o.count, i.ptr, i.count, i.dtype, s, self._algo(algo))
         return self._finish(g, w, [o, i], s, async_op)
 
     def broadcast(self, tensor, src, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        src = validate.rank_arg(src, "src")
+        self._check("broadcast", x, root=src)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.broadcast(x.ptr, x.count, x.dtype, self._root(src, "src"), s, self._algo(algo))
+        w = g.broadcast(x.ptr, x.count, x.dtype, src, s, self._algo(algo))
         return self._finish(g, w, [x], s, async_op)
 
     def reduce(self, tensor, dst, op, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        dst = validate.rank_arg(dst, "dst")
+        self._check("reduce", x, root=dst, redop=op)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.reduce(x.ptr, x.count, x.dtype, self._root(dst, "dst"), op, s, self._algo(algo))
+        w = g.reduce(x.ptr, x.count, x.dtype, dst, op, s, self._algo(algo))
         return self._finish(g, w, [x], s, async_op)
 
     def scatter(self, output, input, src, async_op, stream, algo):
-        src = self._root(src, "src")
+        src = validate.rank_arg(src, "src")
         (o, i), first = self._bufs(("output", output), ("input", input if self._comm.rank == src else None))
-        if i is not None:
-            self._same_dtype(o, i)
+        self._check("scatter", o, i, root=src)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.scatter(o.ptr, o.count, i.ptr if i else 0, i.count if i else 0, o.dtype, src, s)
         return self._finish(g, w, [o, i], s, async_op)
 
     def gather(self, output, input, dst, async_op, stream, algo):
-        dst = self._root(dst, "dst")
+        dst = validate.rank_arg(dst, "dst")
         (o, i), first = self._bufs(("output", output if self._comm.rank == dst else None), ("input", input))
-        if o is not None:
-            self._same_dtype(o, i)
+        self._check("gather", o, i, root=dst)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.gather(o.ptr if o else 0, o.count if o else 0, i.ptr, i.count, i.dtype, dst, s)
         return self._finish(g, w, [o, i], s, async_op)
 
     def all_to_all(self, output, input, async_op, stream, algo):
         (o, i), first = self._bufs(("output", output), ("input", input))
-        self._same_dtype(o, i)
+        self._check("all_to_all", o, i)
         g, s = self.native(first.device), stream_handle(stream, first)
         w = g.all_to_all(o.ptr, o.count, i.ptr, i.count, i.dtype, s)
         return self._finish(g, w, [o, i], s, async_op)
 
     def send(self, tensor, dst, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        dst = validate.rank_arg(dst, "dst")
+        self._check("send", x, root=dst)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.send(x.ptr, x.count, x.dtype, self._peer(dst, "dst"), s)
+        w = g.send(x.ptr, x.count, x.dtype, dst, s)
         return self._finish(g, w, [x], s, async_op)
 
     def recv(self, tensor, src, async_op, stream, algo):
         (x,), first = self._bufs(("tensor", tensor))
+        src = validate.rank_arg(src, "src")
+        self._check("recv", x, root=src)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.recv(x.ptr, x.count, x.dtype, self._peer(src, "src"), s)
+        w = g.recv(x.ptr, x.count, x.dtype, src, s)
         return self._finish(g, w, [x], s, async_op)
 
     def sendrecv(self, send_tensor, dst, recv_tensor, src, stream):
         (a, b), first = self._bufs(("send_tensor", send_tensor), ("recv_tensor", recv_tensor))
+        dst, src = validate.rank_arg(dst, "dst"), validate.rank_arg(src, "src")
+        self._check("send", a, root=dst)
+        self._check("recv", b, root=src)
         g, s = self.native(first.device), stream_handle(stream, first)
-        w = g.sendrecv(a.ptr, a.count, a.dtype, self._peer(dst, "dst"), b.ptr, b.count, b.dtype,
-                       self._peer(src, "src"), s)
+        w = g.sendrecv(a.ptr, a.count, a.dtype, dst, b.ptr, b.count, b.dtype, src, s)
         return self._finish(g, w, [a, b], s, False)
 
     # -- checks ---------------------------------------------------------------
-    @staticmethod
-    def _same_dtype(o, i):
-        if o.dtype != i.dtype:
-            raise TypeError(f"output has dtype {_C.dtype_name(o.dtype)} but input has {_C.dtype_name(i.dtype)}; "
-                            "they must match")
+    def _check(self, op, out, inp=None, root=-1, redop=0):
+        """The communicators' one call check (csrc/comm/call_check.h), before anything is queued."""
+        def t(b):
+            return None if b is None else (b.ptr, b.count, b.dtype)
+        _C.check_call(op, self._comm.rank, self._comm.world_size, t(out), t(inp), root, int(redop))
 
-    def _root(self, root, arg):
-        root = validate.index(root, arg)  # TypeError for 1.5, "0", True
-        if not 0 <= root < self._comm.world_size:
-            raise ValueError(f"{arg} {root} is out of range for a communicator of world size "
-                             f"{self._comm.world_size}")
-        return root
-
-    def _peer(self, peer, arg):
-        peer = self._root(peer, arg)
-        if peer == self._comm.rank:
-            raise ValueError(f"{arg} {peer} is this rank; send/recv need another rank")
-        return peer
 
 
 __all__ = ["GpuWork", "available", "compiled", "nccl_version", "TimeoutError"]

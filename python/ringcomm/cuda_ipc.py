@@ -5,20 +5,17 @@ agree on, and the exchange of buffer handles through the store.
 The protocol itself (buffer layout, flags, sequence numbers, bounded waits, errors) is
 csrc/transport/cuda_ipc/ipc_channel.h.
 
-Settings (rank 0's hold for every rank):
-  RINGCOMM_IPC_SLOT_BYTES        the most one point-to-point chunk moves (default 1 MiB;
-                                 on the GPU the ring family's chunk, RINGCOMM_GPU_CHUNK_BYTES)
-  RINGCOMM_IPC_NSLOTS            slots per peer (default 4)
-  RINGCOMM_IPC_STAGE_BYTES       the largest one-/two-shot all-reduce (default 8 MiB)
-  RINGCOMM_IPC_ONESHOT_MAX_BYTES all_reduce up to this size runs one-shot (default 256 KiB)
-  RINGCOMM_IPC_TWOSHOT_MAX_BYTES then two-shot up to this size, then the ring (default 4 MiB)
+Settings (rank 0's hold for every rank): RINGCOMM_IPC_SLOT_BYTES, RINGCOMM_IPC_NSLOTS,
+RINGCOMM_IPC_STAGE_BYTES, RINGCOMM_IPC_ONESHOT_MAX_BYTES and RINGCOMM_IPC_TWOSHOT_MAX_BYTES
+(_ENV below), their defaults DEFAULTS; what each means is in config.py's GPU_SETTINGS, from
+which docs/configuration.md is generated.
 The thresholds are to be set from the latencies scripts/gpu_check.sh measures
 (scripts/ipc_bench.py); the defaults are not measured.
 """
 import json
 import os
 
-from ringcomm import bootstrap, validate
+from ringcomm import _C, bootstrap, validate
 from ringcomm.errors import RingcommError
 
 DEFAULTS = {
@@ -36,7 +33,6 @@ _ENV = {
     "two_shot_max": "RINGCOMM_IPC_TWOSHOT_MAX_BYTES",
 }
 _HANDLE_SCHEMA = {"handle": validate.text(1024)}
-ALL_REDUCE_ALGOS = ("auto", "oneshot", "twoshot", "ring")
 
 
 def pick_gpu_transport(configured, infos):
@@ -95,6 +91,15 @@ def settings(overrides=None):
     return s
 
 
+def _known_algo(name):
+    """Whether rank 0's RINGCOMM_IPC_ALGO (read from the store) is one cuda_ipc runs (csrc/comm/chooser.h)."""
+    try:
+        _C.parse_algo("cuda_ipc", name, "RINGCOMM_IPC_ALGO")
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def agree(store, key, rank, timeout_s, mine):
     """Rank 0's settings, for every rank (ranks with other geometries could not read
     each other's buffers)."""
@@ -103,7 +108,7 @@ def agree(store, key, rank, timeout_s, mine):
     bootstrap.wait_keys(store, [key], timeout_s, "waiting for rank 0's cuda_ipc settings", rank)
     shared = json.loads(bootstrap._text(store.get(key)))
     if (not isinstance(shared, dict) or not all(isinstance(shared.get(k), int) for k in DEFAULTS)
-            or shared.get("algo", "auto") not in ALL_REDUCE_ALGOS):
+            or not _known_algo(shared.get("algo", "auto"))):
         raise RingcommError(f"ringcomm: rank 0's cuda_ipc settings under {key!r} are not what this rank "
                             f"expects (got {sorted(shared)}); do all ranks run the same ringcomm version?")
     return shared

@@ -121,6 +121,13 @@ def index(value, name, lo=None, hi=None):
     return v
 
 
+def rank_arg(value, name):
+    """A rank argument (root, src, dst, peer) as the native calls take it, a C
+    int: TypeError for 1.5, "0" or True. Its range is the native call check's
+    (csrc/comm/call_check.h), the one place that rule lives."""
+    return index(value, name, -2**31, 2**31 - 1)
+
+
 def indices(values, name, lo=None, hi=None):
     """A list of ints from an iterable of integers (each as index(); the
     error names name[i]). A str or a mapping is refused (TypeError)."""

@@ -5,8 +5,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <utility>
+#include <vector>
+
 #include "bindings/bind.h"
-#include "common/cuda/cuda_util.h"
+#include "comm/chooser.h"
 #include "comm/cuda/gpu_communicator.h"
 #include "reduce/cuda/kernels.h"
 #include "transport/nccl/nccl_api.h"
@@ -121,7 +124,7 @@ void bind_cuda(py::module_& m) {
       .def(py::init([](int rank, int world, int device, py::bytes uid, double timeout_s, size_t chunk_bytes,
                        const std::string& algo) {
              std::string id = uid;
-             GpuAlgo a = parse_gpu_algo(algo);
+             const Algo a = parse_device_algo(Device::kNccl, algo, "RINGCOMM_GPU_ALGO");
              py::gil_scoped_release r;  // ncclCommInitRank waits for every rank
              return std::make_shared<G>(rank, world, device, id, timeout_s, chunk_bytes, a);
            }),
@@ -131,7 +134,7 @@ void bind_cuda(py::module_& m) {
           "over_cuda_ipc",
           [](int rank, int world, int device, double timeout_s, size_t slot_bytes, int nslots, size_t stage_bytes,
              size_t one_shot_max, size_t two_shot_max, const std::string& ipc_algo) {
-            const IpcAllReduceAlgo a = parse_ipc_all_reduce_algo(ipc_algo);
+            const Algo a = parse_device_algo(Device::kIpc, ipc_algo, "RINGCOMM_IPC_ALGO");
             py::gil_scoped_release r;
             return std::make_shared<G>(rank, world, device, timeout_s, IpcGeometry{slot_bytes, nslots, stage_bytes},
                                        IpcThresholds{one_shot_max, two_shot_max}, a);
@@ -143,48 +146,53 @@ void bind_cuda(py::module_& m) {
       .def("handle", &G::ipc_handle)
       .def("connect", &G::ipc_connect, py::call_guard<py::gil_scoped_release>())
       .def("exported", &G::ipc_exported)
-      .def("ipc_choice", [](const G& g, size_t nbytes, const std::string& algo) {
-        return std::string(ipc_all_reduce_algo_name(g.ipc_choice(nbytes, parse_ipc_all_reduce_algo(algo))));
-      })
       .def_property_readonly("stream", [](const G& g) { return reinterpret_cast<uintptr_t>(g.stream()); })
       .def_property_readonly("device", &G::device)
       .def("async_error", &G::async_error)
       .def("abort", &G::abort, py::call_guard<py::gil_scoped_release>())
       .def("close", &G::close, py::call_guard<py::gil_scoped_release>())
-      .def("family", [](const G& g, const std::string& algo, int dtype, int op, bool reduces) {
-        GpuAlgo f = g.choose(parse_gpu_algo(algo), static_cast<DataType>(dtype), op_of(op), reduces);
-        return std::string(f == GpuAlgo::kNccl ? "nccl" : g.over_ipc() ? "cuda_ipc" : "ring");
-      })
+      // The chooser over this communicator's device and settings (comm/chooser.h).
+      .def("choose", [](const G& g, const std::string& op, size_t nbytes, int dtype, int redop, const std::string& algo) {
+        if (dtype < 0 || dtype >= kNumDataTypes) throw ValueError("dtype " + std::to_string(dtype) + " is not a DataType");
+        return std::string(algo_name(g.choose(collective_arg(op, false), parse_gpu_call_algo(algo),
+                                              static_cast<DataType>(dtype), op_of(redop), nbytes)));
+      }, py::arg("op"), py::arg("nbytes"), py::arg("dtype"), py::arg("redop") = 0, py::arg("algo") = "auto")
+      .def("explain", [](const G& g, const std::string& op, size_t nbytes, int dtype, int redop, const std::string& algo) {
+        if (dtype < 0 || dtype >= kNumDataTypes) throw ValueError("dtype " + std::to_string(dtype) + " is not a DataType");
+        std::vector<std::pair<std::string, double>> out;
+        for (const Candidate& c : g.explain(collective_arg(op, false), parse_gpu_call_algo(algo),
+                                            static_cast<DataType>(dtype), op_of(redop), nbytes)) {
+          out.emplace_back(algo_name(c.algo), c.seconds);
+        }
+        return out;
+      }, py::arg("op"), py::arg("nbytes"), py::arg("dtype"), py::arg("redop") = 0, py::arg("algo") = "auto")
       .def(
           "all_reduce",
-          [](G& g, uintptr_t p, size_t n, int t, int op, uintptr_t s, const std::string& algo,
-             const std::string& ipc_algo) {
-            auto a = parse_gpu_algo(algo);
-            auto ia = parse_ipc_all_reduce_algo(ipc_algo);
+          [](G& g, uintptr_t p, size_t n, int t, int op, uintptr_t s, const std::string& algo) {
+            const Algo a = parse_gpu_call_algo(algo);
             py::gil_scoped_release r;
-            return g.all_reduce(dev_buffer(p, n, t), op_of(op), stream_of(s), a, ia);
+            return g.all_reduce(dev_buffer(p, n, t), op_of(op), stream_of(s), a);
           },
-          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("stream"), py::arg("algo"),
-          py::arg("ipc_algo") = "auto")
+          py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("stream"), py::arg("algo"))
       .def("reduce_scatter", [](G& g, uintptr_t op_, size_t on, uintptr_t ip, size_t in, int t, int op, uintptr_t s,
                                 const std::string& algo) {
-        auto a = parse_gpu_algo(algo);
+        const Algo a = parse_gpu_call_algo(algo);
         py::gil_scoped_release r;
         return g.reduce_scatter(dev_buffer(op_, on, t), dev_buffer(ip, in, t), op_of(op), stream_of(s), a);
       })
       .def("all_gather", [](G& g, uintptr_t op_, size_t on, uintptr_t ip, size_t in, int t, uintptr_t s,
                             const std::string& algo) {
-        auto a = parse_gpu_algo(algo);
+        const Algo a = parse_gpu_call_algo(algo);
         py::gil_scoped_release r;
         return g.all_gather(dev_buffer(op_, on, t), dev_buffer(ip, in, t), stream_of(s), a);
       })
       .def("broadcast", [](G& g, uintptr_t p, size_t n, int t, int root, uintptr_t s, const std::string& algo) {
-        auto a = parse_gpu_algo(algo);
+        const Algo a = parse_gpu_call_algo(algo);
         py::gil_scoped_release r;
         return g.broadcast(dev_buffer(p, n, t), root, stream_of(s), a);
       })
       .def("reduce", [](G& g, uintptr_t p, size_t n, int t, int root, int op, uintptr_t s, const std::string& algo) {
-        auto a = parse_gpu_algo(algo);
+        const Algo a = parse_gpu_call_algo(algo);
         py::gil_scoped_release r;
         return g.reduce(dev_buffer(p, n, t), root, op_of(op), stream_of(s), a);
       })

@@ -4,7 +4,7 @@
 #include <exception>
 
 #include "algo/schedules.h"
-#include "common/cuda/cuda_util.h"
+#include "comm/call_check.h"
 #include "reduce/cuda/kernels.h"
 
 namespace ringcomm {
@@ -37,31 +37,10 @@ int nccl_op(ReduceOp op) {
   }
 }
 
-void require_op(DataType t, ReduceOp op, const char* what) {
-  if (!reduce_op_supported(t, op)) {
-    throw ValueError(std::string(what) + ": reduce op " + reduce_op_name(op) + " is not defined for dtype " +
-                     dtype_name(t));
-  }
-}
-
-void require_same_dtype(const Buffer& a, const Buffer& b, const char* what) {
-  if (a.dtype != b.dtype) {
-    throw TypeError(std::string(what) + ": output has dtype " + dtype_name(a.dtype) + " but input has " +
-                    dtype_name(b.dtype) + "; they must match");
-  }
-}
-
-void require_count(size_t got, size_t want, const char* what, const char* arg) {
-  if (got != want) {
-    throw ValueError(std::string(what) + ": " + arg + " must hold " + std::to_string(want) + " elements, got " +
-                     std::to_string(got));
-  }
-}
-
 }  // namespace
 
 GpuCommunicator::GpuCommunicator(int rank, int world, int device, const std::string& nccl_unique_id,
-                                 double timeout_s, size_t chunk_bytes, GpuAlgo default_algo)
+                                 double timeout_s, size_t chunk_bytes, Algo default_algo)
     : rank_(rank),
       world_(world),
       device_(device),
@@ -90,9 +69,8 @@ GpuCommunicator::GpuCommunicator(int rank, int world, int device, const std::str
 }
 
 GpuCommunicator::GpuCommunicator(int rank, int world, int device, double timeout_s, IpcGeometry geometry,
-                                 IpcThresholds thresholds, IpcAllReduceAlgo ipc_algo)
-    : rank_(rank), world_(world), device_(device), timeout_s_(timeout_s), default_algo_(GpuAlgo::kRing),
-      ipc_algo_(ipc_algo) {
+                                 IpcThresholds thresholds, Algo ipc_algo)
+    : rank_(rank), world_(world), device_(device), timeout_s_(timeout_s), default_algo_(ipc_algo) {
   cuda::DeviceGuard g(device_);
   try {
     cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -117,10 +95,6 @@ GpuCommunicator::~GpuCommunicator() {
   } catch (...) {
   }
   ipc_.reset();
-}
-
-IpcAllReduceAlgo GpuCommunicator::ipc_choice(size_t nbytes, IpcAllReduceAlgo algo) const {
-  return ipc_->choose(nbytes, algo == IpcAllReduceAlgo::kAuto ? ipc_algo_ : algo);
 }
 
 std::string GpuCommunicator::async_error() {
@@ -316,15 +290,38 @@ void GpuCommunicator::check_open() {
   }
 }
 
-GpuAlgo GpuCommunicator::choose(GpuAlgo algo, DataType dtype, ReduceOp op, bool reduces) const {
+ChoiceContext GpuCommunicator::choice_context() const {
+  ChoiceContext ctx;
+  ctx.device = ipc_ ? Device::kIpc : Device::kNccl;
+  ctx.configured = default_algo_;
   if (ipc_) {
-    if (algo == GpuAlgo::kNccl) {
-      throw ValueError("algo 'nccl' needs the NCCL transport; this communicator runs over cuda_ipc (ring "
-                       "schedules, one-shot and two-shot all_reduce)");
-    }
-    return GpuAlgo::kRing;
+    ctx.ipc = ipc_->thresholds();
+    ctx.ipc_stage_bytes = ipc_->channel().geometry().stage_bytes;
   }
-  return choose_gpu_family(algo, default_algo_, dtype, op, reduces);
+  return ctx;
+}
+
+Algo GpuCommunicator::choose(OpKind kind, Algo algo, DataType dtype, ReduceOp op, size_t bytes) const {
+  ChoiceCall call;
+  call.kind = kind;
+  call.bytes = bytes;
+  call.dtype = dtype;
+  call.op = op;
+  call.reduces = kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
+  call.requested = algo;
+  return ringcomm::choose(choice_context(), call);
+}
+
+std::vector<Candidate> GpuCommunicator::explain(OpKind kind, Algo algo, DataType dtype, ReduceOp op,
+                                                size_t bytes) const {
+  ChoiceCall call;
+  call.kind = kind;
+  call.bytes = bytes;
+  call.dtype = dtype;
+  call.op = op;
+  call.reduces = kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
+  call.requested = algo;
+  return candidates(choice_context(), call);
 }
 
 template <class Body>
@@ -377,7 +374,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
   }
 }
 
-// The "ring" family: the call's schedule (comm/device_plan.cpp), run by the
+// The "ring" family: the call's schedule (comm/call_plan.cpp plan_call), run by the
 // device executor on stream `s`. Slices of the ring are one chunk each.
 void GpuCommunicator::run_ring(const char* what, cudaStream_t s, DataType dtype, ReduceOp op,
                                const CallPlan& call) {
@@ -402,18 +399,16 @@ void GpuCommunicator::run_p2p(const char* what, cudaStream_t s, const std::vecto
   ipc_->p2p(what, current_seq_, ops);
 }
 
-GpuCommunicator::WorkPtr GpuCommunicator::all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo,
-                                                     IpcAllReduceAlgo ipc_algo) {
-  require_op(x.dtype, op, "all_reduce");
-  const GpuAlgo fam = choose(algo, x.dtype, op, true);
-  if (ipc_) ipc_choice(x.nbytes(), ipc_algo);  // ValueError (a size past the stage) before anything is queued
+GpuCommunicator::WorkPtr GpuCommunicator::all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, Algo algo) {
+  check_call(describe_call(OpKind::kAllReduce, rank_, world_, x, Buffer{}, -1, op));
+  // ValueError (NCCL forced on a NaN-dropping op, a size past the IPC stage) before anything is queued.
+  const Algo fam = choose(OpKind::kAllReduce, algo, x.dtype, op, x.nbytes());
   return launch("all_reduce", caller, [&](cudaStream_t s) {
     if (x.count == 0) return;
     if (ipc_) {
       ipc_mem_->set_stream(s);
-      ipc_->all_reduce(current_seq_, x.ptr, x.count, x.dtype, op,
-                       ipc_algo == IpcAllReduceAlgo::kAuto ? ipc_algo_ : ipc_algo);
-    } else if (fam == GpuAlgo::kNccl) {
+      ipc_->all_reduce(current_seq_, x.ptr, x.count, x.dtype, op, fam);
+    } else if (fam == Algo::kNccl) {
       nccl_->check(nccl::api().AllReduce(x.ptr, x.ptr, x.count, nccl::DataType(nccl_dtype(x.dtype)),
                                          nccl::RedOp(nccl_op(op)), nccl_->handle(), s),
                    "ncclAllReduce");
@@ -425,14 +420,12 @@ GpuCommunicator::WorkPtr GpuCommunicator::all_reduce(Buffer x, ReduceOp op, cuda
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::reduce_scatter(Buffer out, Buffer in, ReduceOp op, cudaStream_t caller,
-                                                         GpuAlgo algo) {
-  require_same_dtype(out, in, "reduce_scatter");
-  require_count(in.count, out.count * world_, "reduce_scatter", "input (world_size * output)");
-  require_op(in.dtype, op, "reduce_scatter");
-  const GpuAlgo fam = choose(algo, in.dtype, op, true);
+                                                         Algo algo) {
+  check_call(describe_call(OpKind::kReduceScatter, rank_, world_, out, in, -1, op));
+  const Algo fam = choose(OpKind::kReduceScatter, algo, in.dtype, op, in.nbytes());
   return launch("reduce_scatter", caller, [&](cudaStream_t s) {
     if (out.count == 0) return;
-    if (fam == GpuAlgo::kNccl) {
+    if (fam == Algo::kNccl) {
       nccl_->check(nccl::api().ReduceScatter(in.ptr, out.ptr, out.count, nccl::DataType(nccl_dtype(in.dtype)),
                                              nccl::RedOp(nccl_op(op)), nccl_->handle(), s),
                    "ncclReduceScatter");
@@ -443,13 +436,12 @@ GpuCommunicator::WorkPtr GpuCommunicator::reduce_scatter(Buffer out, Buffer in, 
   });
 }
 
-GpuCommunicator::WorkPtr GpuCommunicator::all_gather(Buffer out, Buffer in, cudaStream_t caller, GpuAlgo algo) {
-  require_same_dtype(out, in, "all_gather");
-  require_count(out.count, in.count * world_, "all_gather", "output (world_size * input)");
-  const GpuAlgo fam = choose(algo, in.dtype, ReduceOp::kSum, false);
+GpuCommunicator::WorkPtr GpuCommunicator::all_gather(Buffer out, Buffer in, cudaStream_t caller, Algo algo) {
+  check_call(describe_call(OpKind::kAllGather, rank_, world_, out, in, -1, ReduceOp::kSum));
+  const Algo fam = choose(OpKind::kAllGather, algo, in.dtype, ReduceOp::kSum, out.nbytes());
   return launch("all_gather", caller, [&](cudaStream_t s) {
     if (in.count == 0) return;
-    if (fam == GpuAlgo::kNccl) {
+    if (fam == Algo::kNccl) {
       nccl_->check(nccl::api().AllGather(in.ptr, out.ptr, in.nbytes(), nccl::kUint8, nccl_->handle(), s),
                    "ncclAllGather");
     } else {
@@ -458,11 +450,12 @@ GpuCommunicator::WorkPtr GpuCommunicator::all_gather(Buffer out, Buffer in, cuda
   });
 }
 
-GpuCommunicator::WorkPtr GpuCommunicator::broadcast(Buffer x, int root, cudaStream_t caller, GpuAlgo algo) {
-  const GpuAlgo fam = choose(algo, x.dtype, ReduceOp::kSum, false);
+GpuCommunicator::WorkPtr GpuCommunicator::broadcast(Buffer x, int root, cudaStream_t caller, Algo algo) {
+  check_call(describe_call(OpKind::kBroadcast, rank_, world_, x, Buffer{}, root, ReduceOp::kSum));
+  const Algo fam = choose(OpKind::kBroadcast, algo, x.dtype, ReduceOp::kSum, x.nbytes());
   return launch("broadcast", caller, [&](cudaStream_t s) {
     if (x.count == 0) return;
-    if (fam == GpuAlgo::kNccl) {
+    if (fam == Algo::kNccl) {
       nccl_->check(nccl::api().Broadcast(x.ptr, x.ptr, x.nbytes(), nccl::kUint8, root, nccl_->handle(), s),
                    "ncclBroadcast");
     } else {
@@ -472,12 +465,12 @@ GpuCommunicator::WorkPtr GpuCommunicator::broadcast(Buffer x, int root, cudaStre
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::reduce(Buffer x, int root, ReduceOp op, cudaStream_t caller,
-                                                 GpuAlgo algo) {
-  require_op(x.dtype, op, "reduce");
-  const GpuAlgo fam = choose(algo, x.dtype, op, true);
+                                                 Algo algo) {
+  check_call(describe_call(OpKind::kReduce, rank_, world_, x, Buffer{}, root, op));
+  const Algo fam = choose(OpKind::kReduce, algo, x.dtype, op, x.nbytes());
   return launch("reduce", caller, [&](cudaStream_t s) {
     if (x.count == 0) return;
-    if (fam == GpuAlgo::kNccl) {
+    if (fam == Algo::kNccl) {
       nccl_->check(nccl::api().Reduce(x.ptr, x.ptr, x.count, nccl::DataType(nccl_dtype(x.dtype)),
                                       nccl::RedOp(nccl_op(op)), root, nccl_->handle(), s),
                    "ncclReduce");
@@ -489,35 +482,28 @@ GpuCommunicator::WorkPtr GpuCommunicator::reduce(Buffer x, int root, ReduceOp op
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::scatter(Buffer out, Buffer in, int root, cudaStream_t caller) {
-  if (rank_ == root) {
-    require_same_dtype(out, in, "scatter");
-    require_count(in.count, out.count * world_, "scatter", "input (world_size * output)");
-  }
+  check_call(describe_call(OpKind::kScatter, rank_, world_, out, in, root, ReduceOp::kSum));
   return launch("scatter", caller, [&](cudaStream_t s) {
     run_ring("scatter", s, out.dtype, ReduceOp::kSum, {OpKind::kScatter, out.ptr, in.ptr, out.count, root, false});
   });
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::gather(Buffer out, Buffer in, int root, cudaStream_t caller) {
-  if (rank_ == root) {
-    require_same_dtype(out, in, "gather");
-    require_count(out.count, in.count * world_, "gather", "output (world_size * input)");
-  }
+  check_call(describe_call(OpKind::kGather, rank_, world_, out, in, root, ReduceOp::kSum));
   return launch("gather", caller, [&](cudaStream_t s) {
     run_ring("gather", s, in.dtype, ReduceOp::kSum, {OpKind::kGather, out.ptr, in.ptr, in.count, root, false});
   });
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::all_to_all(Buffer out, Buffer in, cudaStream_t caller) {
-  require_same_dtype(out, in, "all_to_all");
-  require_count(out.count, in.count, "all_to_all", "output (as many as input)");
-  if (in.count % world_) throw ValueError("all_to_all: input elements must divide evenly by the world size");
+  check_call(describe_call(OpKind::kAllToAll, rank_, world_, out, in, -1, ReduceOp::kSum));
   return launch("all_to_all", caller, [&](cudaStream_t s) {
     run_ring("all_to_all", s, in.dtype, ReduceOp::kSum, {OpKind::kAllToAll, out.ptr, in.ptr, in.count, -1, false});
   });
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::send(Buffer x, int peer, cudaStream_t caller) {
+  check_call(describe_p2p(true, rank_, world_, x, peer));
   return launch("send", caller, [&](cudaStream_t s) {
     if (ipc_) return run_p2p("send", s, {{true, x.ptr, x.nbytes(), peer}});
     nccl_->check(nccl::api().Send(x.ptr, x.nbytes(), nccl::kUint8, peer, nccl_->handle(), s), "ncclSend");
@@ -525,6 +511,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::send(Buffer x, int peer, cudaStream_t 
 }
 
 GpuCommunicator::WorkPtr GpuCommunicator::recv(Buffer x, int peer, cudaStream_t caller) {
+  check_call(describe_p2p(false, rank_, world_, x, peer));
   return launch("recv", caller, [&](cudaStream_t s) {
     if (ipc_) return run_p2p("recv", s, {{false, x.ptr, x.nbytes(), peer}});
     nccl_->check(nccl::api().Recv(x.ptr, x.nbytes(), nccl::kUint8, peer, nccl_->handle(), s), "ncclRecv");
@@ -533,6 +520,8 @@ GpuCommunicator::WorkPtr GpuCommunicator::recv(Buffer x, int peer, cudaStream_t 
 
 GpuCommunicator::WorkPtr GpuCommunicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src,
                                                    cudaStream_t caller) {
+  check_call(describe_p2p(true, rank_, world_, send_buf, dst));
+  check_call(describe_p2p(false, rank_, world_, recv_buf, src));
   return launch("sendrecv", caller, [&](cudaStream_t s) {
     if (ipc_) return run_p2p("sendrecv", s, {{true, send_buf.ptr, send_buf.nbytes(), dst},
                                              {false, recv_buf.ptr, recv_buf.nbytes(), src}});

@@ -1,7 +1,7 @@
 // The GPU side of a communicator on one device: an NCCL communicator, the
 // communicator's own CUDA stream, and the two algorithm families.
 //
-// Stream semantics (DESIGN.md): every call is ordered after the work already
+// Stream semantics (docs/gpus.md): every call is ordered after the work already
 // queued on the caller's stream (an event recorded there, waited on by the
 // comm stream), runs on the comm stream, and returns a GpuWork whose event
 // marks its end. A caller stream that is capturing a CUDA graph gets the
@@ -20,7 +20,7 @@
 // Families: "nccl" calls NCCL's own collective; "ring" runs ringcomm's
 // schedules (csrc/algo) over NCCL send/recv with ringcomm's CUDA kernels.
 // AVG is always SUM then ringcomm's divide kernel, so both families round
-// alike. Which family a call runs: comm/gpu_algo.h (bool, the bitwise ops and
+// alike. Which family a call runs: comm/chooser.h (bool, the bitwise ops and
 // floating-point MIN/MAX go to "ring" under auto).
 #pragma once
 
@@ -41,7 +41,7 @@
 #include "comm/call_plan.h"
 #include "comm/fault_state.h"
 #include "comm/cuda/gpu_work.h"
-#include "comm/gpu_algo.h"
+#include "comm/chooser.h"
 #include "comm/ipc_collectives.h"
 #include "transport/cuda_ipc/cuda/cuda_ipc_memory.h"
 #include "transport/nccl/nccl_comm.h"
@@ -53,21 +53,18 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   // Collective over all ranks (ncclCommInitRank); `device` becomes current
   // for the duration.
   GpuCommunicator(int rank, int world, int device, const std::string& nccl_unique_id, double timeout_s,
-                  size_t chunk_bytes, GpuAlgo default_algo);
+                  size_t chunk_bytes, Algo default_algo);
   // Over cuda_ipc: allocates this rank's IPC buffer; then, on every rank,
   // ipc_handle() goes through the store, ipc_connect() maps the peers', and
   // after a barrier ipc_exported() (python/ringcomm/cuda_ipc.py).
   GpuCommunicator(int rank, int world, int device, double timeout_s, IpcGeometry geometry,
-                  IpcThresholds thresholds, IpcAllReduceAlgo ipc_algo);
+                  IpcThresholds thresholds, Algo ipc_algo);
   ~GpuCommunicator();
 
   bool over_ipc() const { return ipc_ != nullptr; }
   std::string ipc_handle() const { return ipc_->channel().handle(); }
   void ipc_connect(const std::vector<std::string>& handles) { ipc_->channel().connect(handles); }
   void ipc_exported() { ipc_->channel().exported(); }
-  // What an all_reduce of `nbytes` runs over cuda_ipc under `algo` (kAuto:
-  // the communicator's default).
-  IpcAllReduceAlgo ipc_choice(size_t nbytes, IpcAllReduceAlgo algo) const;
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -76,12 +73,13 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   double timeout_s() const { return timeout_s_; }
 
   using WorkPtr = std::shared_ptr<GpuWork>;
-  WorkPtr all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, GpuAlgo algo,
-                     IpcAllReduceAlgo ipc_algo = IpcAllReduceAlgo::kAuto);
-  WorkPtr reduce_scatter(Buffer out, Buffer in, ReduceOp op, cudaStream_t caller, GpuAlgo algo);
-  WorkPtr all_gather(Buffer out, Buffer in, cudaStream_t caller, GpuAlgo algo);
-  WorkPtr broadcast(Buffer x, int root, cudaStream_t caller, GpuAlgo algo);
-  WorkPtr reduce(Buffer x, int root, ReduceOp op, cudaStream_t caller, GpuAlgo algo);
+  // `algo`: the call's algo= (kAuto: the communicator's setting), resolved
+  // by the chooser (comm/chooser.h) before anything is queued.
+  WorkPtr all_reduce(Buffer x, ReduceOp op, cudaStream_t caller, Algo algo);
+  WorkPtr reduce_scatter(Buffer out, Buffer in, ReduceOp op, cudaStream_t caller, Algo algo);
+  WorkPtr all_gather(Buffer out, Buffer in, cudaStream_t caller, Algo algo);
+  WorkPtr broadcast(Buffer x, int root, cudaStream_t caller, Algo algo);
+  WorkPtr reduce(Buffer x, int root, ReduceOp op, cudaStream_t caller, Algo algo);
   WorkPtr scatter(Buffer out, Buffer in, int root, cudaStream_t caller);
   WorkPtr gather(Buffer out, Buffer in, int root, cudaStream_t caller);
   WorkPtr all_to_all(Buffer out, Buffer in, cudaStream_t caller);
@@ -118,11 +116,14 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   // NCCL communicator (or, after an error, nothing: it was aborted), stops
   // the watchdog, then frees the scratch and the stream.
   void close();
-  // The family a call of this kind, dtype and op runs under `algo`
-  // (choose_gpu_family with this communicator's default).
-  GpuAlgo choose(GpuAlgo algo, DataType dtype, ReduceOp op, bool reduces) const;
+  // What a call runs under `algo` (comm/chooser.h over this communicator's
+  // device and settings): kNccl or kRing over NCCL; kOneShot, kTwoShot or
+  // kRing over cuda_ipc. `bytes`: call_model_bytes.
+  Algo choose(OpKind kind, Algo algo, DataType dtype, ReduceOp op, size_t bytes) const;
+  std::vector<Candidate> explain(OpKind kind, Algo algo, DataType dtype, ReduceOp op, size_t bytes) const;
 
  private:
+  ChoiceContext choice_context() const;
   template <class Body>
   WorkPtr launch(const char* what, cudaStream_t caller, Body&& body);
   void check_open();
@@ -138,7 +139,7 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   int world_;
   int device_;
   double timeout_s_;
-  GpuAlgo default_algo_;
+  Algo default_algo_;  // RINGCOMM_GPU_ALGO (NCCL) or RINGCOMM_IPC_ALGO (cuda_ipc)
   std::unique_ptr<NcclComm> nccl_;  // its handle: only between gate_.enter() and leave()
   std::unique_ptr<NcclDeviceOps> ops_;         // the ring family's device operations
   std::unique_ptr<DeviceExecutor> executor_;  // released before ops_ and nccl_ (close)
@@ -147,7 +148,6 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   // buffers), so an abort from another thread always finds it.
   std::unique_ptr<IpcCollectives> ipc_;
   CudaIpcMemory* ipc_mem_ = nullptr;  // owned by ipc_'s channel
-  IpcAllReduceAlgo ipc_algo_ = IpcAllReduceAlgo::kAuto;
   uint64_t current_seq_ = 0;  // the call being queued (under mu_)
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream before each call

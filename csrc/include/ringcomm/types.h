@@ -8,7 +8,7 @@
 
 namespace ringcomm {
 
-// Values are part of the binding ABI (python/ringcomm/_dtypes.py mirrors them).
+// Values are part of the binding ABI (python/ringcomm/gpu_buffers.py _TORCH_DTYPES mirrors them).
 enum class DataType : uint8_t {
   kFloat16 = 0,
   kBFloat16 = 1,

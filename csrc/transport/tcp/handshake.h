@@ -3,7 +3,7 @@
 // dialling rank speaks first. connector.h decides who dials and drives the
 // sockets.
 //
-// What a stranger can cost a listening rank (README.md, "Security"): the
+// What a stranger can cost a listening rank (docs/security.md): the
 // listener is open from listen() until every TCP peer has joined (links are
 // set up on demand, so that may be long after init); every connection gets
 // kHandshakeGrace from its accept to complete its greeting, at most

@@ -274,7 +274,7 @@ void TcpTransport::connect(const std::vector<std::string>& hosts, const std::vec
   std::lock_guard<std::mutex> lk(links_mu_);
   if (turned_away_) {
     // Someone other than the job's ranks connected to this rank's port:
-    // worth one line (README.md, "Security").
+    // worth one line (docs/security.md).
     std::fprintf(stderr, "ringcomm: rank %d turned away %llu TCP connection(s) while waiting for its peers (%s)\n",
                  rank_, static_cast<unsigned long long>(turned_away_), turned_away_text_.c_str());
   }

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch._C._profiler import _RecordFunctionFast
 
 from ringcomm import build_info as _build_info
-from ringcomm import bootstrap, validate
+from ringcomm import _C, bootstrap, validate
 
 from ringcomm.communicator import Communicator
 from ringcomm.config import make_config
@@ -74,8 +74,8 @@ def _as_list(tensors):
 
 
 def _same_dtype(what, expected, t):
-    if t.dtype != expected:
-        raise ValueError(f"ringcomm {what}: tensors must share one dtype, got {t.dtype} and {expected}")
+    """The communicators' same-dtype rule (csrc/comm/call_check.h), for lists of tensors."""
+    _C.check_same_dtype(f"ringcomm {what}", str(expected).replace("torch.", ""), str(t.dtype).replace("torch.", ""))
 
 
 class ProcessGroupRingcomm(dist.ProcessGroup):
