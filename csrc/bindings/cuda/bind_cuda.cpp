@@ -11,6 +11,7 @@
 #include "bindings/bind.h"
 #include "comm/chooser.h"
 #include "comm/cuda/gpu_communicator.h"
+#include "common/cuda/cuda_util.h"
 #include "reduce/cuda/kernels.h"
 #include "transport/nccl/nccl_api.h"
 

@@ -5,6 +5,7 @@
 
 #include "algo/schedules.h"
 #include "comm/call_check.h"
+#include "common/cuda/cuda_util.h"
 #include "reduce/cuda/kernels.h"
 
 namespace ringcomm {
