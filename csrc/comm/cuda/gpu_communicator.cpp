@@ -302,7 +302,9 @@ ChoiceContext GpuCommunicator::choice_context() const {
   return ctx;
 }
 
-Algo GpuCommunicator::choose(OpKind kind, Algo algo, DataType dtype, ReduceOp op, size_t bytes) const {
+namespace {
+
+ChoiceCall choice_call(OpKind kind, Algo algo, DataType dtype, ReduceOp op, size_t bytes) {
   ChoiceCall call;
   call.kind = kind;
   call.bytes = bytes;
@@ -310,19 +312,18 @@ Algo GpuCommunicator::choose(OpKind kind, Algo algo, DataType dtype, ReduceOp op
   call.op = op;
   call.reduces = kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
   call.requested = algo;
-  return ringcomm::choose(choice_context(), call);
+  return call;
+}
+
+}  // namespace
+
+Algo GpuCommunicator::choose(OpKind kind, Algo algo, DataType dtype, ReduceOp op, size_t bytes) const {
+  return ringcomm::choose(choice_context(), choice_call(kind, algo, dtype, op, bytes));
 }
 
 std::vector<Candidate> GpuCommunicator::explain(OpKind kind, Algo algo, DataType dtype, ReduceOp op,
                                                 size_t bytes) const {
-  ChoiceCall call;
-  call.kind = kind;
-  call.bytes = bytes;
-  call.dtype = dtype;
-  call.op = op;
-  call.reduces = kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
-  call.requested = algo;
-  return candidates(choice_context(), call);
+  return candidates(choice_context(), choice_call(kind, algo, dtype, op, bytes));
 }
 
 template <class Body>
