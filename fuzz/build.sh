@@ -1,42 +1,39 @@
 #!/usr/bin/env bash
 # Builds the fuzz targets (coverage-guided libFuzzer, AddressSanitizer and
-# UndefinedBehaviorSanitizer) from the real parsing code, and regenerates the
-# seed corpus (fuzz/corpus/, committed) with the real encoders.
+# UndefinedBehaviorSanitizer) from the same layer libraries as the module
+# (fuzz/CMakeLists.txt on csrc/CMakeLists.txt: the transport layer and those
+# below it, compiled with the sanitizers), and regenerates the seed corpus
+# (fuzz/corpus/, committed) with the real encoders.
 #
-#   fuzz/build.sh [OUT_DIR]        default fuzz/out (ignored by git)
+#   fuzz/build.sh [OUT_DIR]        default fuzz/out (ignored by git); CMake builds in OUT_DIR/build
 #   fuzz/run.sh [RUNS] [SECONDS]   runs every target (see fuzz/README.md)
 #
-# Needs clang++ with libFuzzer (Debian: apt-get install -y clang); CXX picks
-# another clang++.
+# Needs clang++ with libFuzzer (Debian: apt-get install -y clang) and cmake;
+# CXX picks another clang++.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
 out=${1:-$here/out}
 CXX=${CXX:-clang++}
 if ! command -v "$CXX" >/dev/null; then
   echo "fuzz/build.sh: $CXX not found (Debian: apt-get install -y clang)" >&2
   exit 1
 fi
+if ! command -v cmake >/dev/null; then
+  echo "fuzz/build.sh: cmake not found" >&2
+  exit 1
+fi
 mkdir -p "$out"
-common=(-std=c++17 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter
-        -I"$root" -I"$root/csrc" -I"$root/csrc/include")
-san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)
-tcp=("$root/csrc/transport/tcp/wire.cpp" "$root/csrc/transport/tcp/handshake.cpp"
-     "$root/csrc/transport/tcp/socket.cpp")
-shm=("$root/csrc/transport/shm/segment_header.cpp" "$root/csrc/transport/shm/segment.cpp")
-
-build() {  # name sources...
-  local name=$1
-  shift
-  echo "+ $CXX ... -o $out/$name"
-  "$CXX" "${common[@]}" "${san[@]}" -fsanitize=fuzzer "$@" -o "$out/$name" -lrt -pthread
-}
-build fuzz_frame "$here/fuzz_frame.cpp" "${tcp[@]}"
-build fuzz_handshake "$here/fuzz_handshake.cpp" "${tcp[@]}"
-build fuzz_shm_header "$here/fuzz_shm_header.cpp" "${shm[@]}"
-
-echo "+ $CXX ... -o $out/make_seeds"
-"$CXX" "${common[@]}" "${san[@]}" "$here/make_seeds.cpp" "${tcp[@]}" -o "$out/make_seeds" -lrt -pthread
+gen=()
+if command -v ninja >/dev/null; then gen=(-G Ninja); fi
+echo "+ cmake -S $here -B $out/build -DCMAKE_CXX_COMPILER=$CXX"
+cmake -S "$here" -B "$out/build" "${gen[@]}" -DCMAKE_CXX_COMPILER="$(command -v "$CXX")" \
+  -DPython_EXECUTABLE="$(command -v python3)" >"$out/cmake.log" ||
+  { cat "$out/cmake.log" >&2; exit 1; }
+cmake --build "$out/build" --parallel "${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+  --target fuzz_frame fuzz_handshake fuzz_shm_header make_seeds
+for t in fuzz_frame fuzz_handshake fuzz_shm_header make_seeds; do
+  cp "$out/build/$t" "$out/$t"
+done
 rm -rf "$here/corpus"
 "$out/make_seeds" "$here/corpus"
 for t in frame handshake shm_header; do

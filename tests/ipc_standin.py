@@ -1,9 +1,9 @@
 """The cuda_ipc transport's CPU stand-in as a communicator-like object, for tests: the
 protocol of csrc/transport/cuda_ipc/ipc_channel.h over host shared memory between the
-rank processes (_C._IpcHostComm), with torch.distributed's argument names, on numpy
+rank processes (_C_testing._IpcHostComm), with torch.distributed's argument names, on numpy
 arrays and torch CPU tensors. Not part of ringcomm's API."""
 
-from ringcomm import _C, cuda_ipc
+from ringcomm import _C_testing, cuda_ipc
 from ringcomm.reduce_op import op_value
 
 import harness
@@ -16,7 +16,7 @@ class IpcStandIn:
         s = cuda_ipc.agree(ctx.store, f"{prefix}/settings", self.rank, timeout_s, cuda_ipc.settings(overrides))
         self.settings = s
         self.family = family
-        self.native = _C._IpcHostComm(self.rank, self.world_size, s["slot_bytes"], s["nslots"], s["stage_bytes"],
+        self.native = _C_testing._IpcHostComm(self.rank, self.world_size, s["slot_bytes"], s["nslots"], s["stage_bytes"],
                                       timeout_s, s["one_shot_max"], s["two_shot_max"])
         cuda_ipc.connect(self.native, ctx.store, prefix, self.rank, self.world_size, timeout_s)
 

@@ -274,11 +274,11 @@ def _disagree(_comm):
     """Ranks with different slot sizes: init fails on every rank naming both geometries
     (rank 0's settings are agreed first, so this only happens when a rank bypasses
     them: here the channel is built by hand)."""
-    from ringcomm import _C, cuda_ipc
+    from ringcomm import _C_testing, cuda_ipc
 
     ctx = harness.context()
     slot = 512 if ctx.rank == 0 else 1024
-    native = _C._IpcHostComm(ctx.rank, ctx.world_size, slot, 2, 16384, 5.0, 1024, 16384)
+    native = _C_testing._IpcHostComm(ctx.rank, ctx.world_size, slot, 2, 16384, 5.0, 1024, 16384)
     try:
         cuda_ipc.connect(native, ctx.store, "bad", ctx.rank, ctx.world_size, 5.0)
         return "connected"

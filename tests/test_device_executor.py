@@ -1,6 +1,6 @@
 """The GPU "ring" family's translation of schedules into grouped transfers and kernels
 (csrc/comm/device_executor.cpp), run on this machine over an in-process stand-in for
-NCCL's point-to-point groups (csrc/comm/device_sim.cpp): every rank a thread, a group
+NCCL's point-to-point groups (csrc/testing/device_sim.cpp): every rank a thread, a group
 done only once all its transfers matched their peers'. A translation that could
 deadlock on GPUs times out here; results must equal the CPU path's references.
 
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 import checks
-from ringcomm import ReduceOp, _C
+from ringcomm import ReduceOp, _C_testing
 
 CHUNK = 256  # bytes: many chunks per step even for small counts
 
 
 def _sim(kind, outs, ins, op=ReduceOp.SUM, root=-1, chunk=CHUNK):
-    _C._simulate_device_call(kind, outs, ins, int(op), root, chunk, 10.0)
+    _C_testing._simulate_device_call(kind, outs, ins, int(op), root, chunk, 10.0)
 
 
 def _inputs(dtype, op, world, n, seed):
@@ -107,12 +107,12 @@ def test_mismatched_sizes_are_reported_not_hung():
     """Ranks that disagree on the count fail (sizes differ, or a rank waits for a
     transfer that never comes: the simulated group times out)."""
     with pytest.raises(Exception, match="sim"):
-        _C._simulate_device_call("broadcast", [np.zeros(100, np.int32), np.zeros(99, np.int32)], [None, None],
+        _C_testing._simulate_device_call("broadcast", [np.zeros(100, np.int32), np.zeros(99, np.int32)], [None, None],
                                  0, 0, CHUNK, 2.0)
 
 
 def _sim_algo(kind, outs, ins, op, root, algo):
-    _C._simulate_device_call(kind, outs, ins, int(op), root, CHUNK, 10.0, algo)
+    _C_testing._simulate_device_call(kind, outs, ins, int(op), root, CHUNK, 10.0, algo)
 
 
 @pytest.mark.parametrize("algo", ["recursive_doubling", "rabenseifner"])

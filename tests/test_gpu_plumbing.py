@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm import _C, cuda, gpu_buffers, nccl
+from ringcomm import _C, _C_testing, cuda, gpu_buffers, nccl
 
 
 class FakeDevice:
@@ -124,7 +124,7 @@ def test_gpu_algo_environment_is_checked(monkeypatch):
 def test_an_error_covers_the_calls_not_seen_finished():
     """After ncclCommAbort every event completes: the error, not the event, says which
     calls failed. Calls 1-3 were seen finished when the error came; 4 and 5 fail."""
-    f = _C._FaultRecord()
+    f = _C_testing._FaultRecord()
     assert not f.failed() and f.error_of(4) == ""
     assert f.set("all_reduce timed out", True, 3)
     assert not f.set("a later error", False, 5)  # the first error wins
@@ -135,7 +135,7 @@ def test_an_error_covers_the_calls_not_seen_finished():
 
 
 def test_abort_waits_for_the_users_of_the_handle():
-    g = _C._AbortGate()
+    g = _C_testing._AbortGate()
     assert g.enter() and g.enter()
     g.abort()  # two users inside: the teardown waits
     assert g.aborted() and g.teardowns == 0
@@ -148,11 +148,11 @@ def test_abort_waits_for_the_users_of_the_handle():
     g.retire()  # aborted: nothing to destroy
     assert (g.teardowns, g.destroys) == (1, 0)
 
-    g = _C._AbortGate()
+    g = _C_testing._AbortGate()
     g.abort()  # nobody inside: at once
     assert g.teardowns == 1 and not g.enter()
 
-    g = _C._AbortGate()
+    g = _C_testing._AbortGate()
     assert g.enter()
     g.leave()
     g.retire()  # a clean close destroys once; an abort after it does nothing
@@ -164,7 +164,7 @@ def test_abort_never_frees_the_handle_under_a_call_queuing_on_it():
     """Threads queue on the handle in a loop while another aborts: no use of a dead
     handle, one teardown (a gate that tore down at once finds dozens)."""
     for _ in range(3):
-        dead, uses, teardowns = _C._abort_gate_race(4, 20000)
+        dead, uses, teardowns = _C_testing._abort_gate_race(4, 20000)
         assert uses > 0 and dead == 0 and teardowns == 1, (dead, uses, teardowns)
 
 

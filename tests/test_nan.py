@@ -25,7 +25,7 @@ import pytest
 
 import checks
 import harness
-from ringcomm import ReduceOp, _C
+from ringcomm import ReduceOp, _C, _C_testing
 
 FLOATS = checks.FLOAT_DTYPES
 ARITH = ("sum", "prod", "min", "max", "avg")
@@ -312,7 +312,7 @@ def test_device_executor_propagates_nan(world):
                 for algo in ("auto", "recursive_doubling", "rabenseifner"):
                     rows, ref = _planted(dtype, op, seed, world, n)
                     bufs = [checks.make_buf(v, dtype, cont) for v in rows]
-                    _C._simulate_device_call("all_reduce", bufs, [None] * world, code, -1, 256, 10.0, algo)
+                    _C_testing._simulate_device_call("all_reduce", bufs, [None] * world, code, -1, 256, 10.0, algo)
                     for r in range(world):
                         err = _nan_aware_diff(bufs[r], ref, tol)
                         if err:
@@ -321,14 +321,14 @@ def test_device_executor_propagates_nan(world):
                     root = seed % world
                     rows, ref = _planted(dtype, op, seed, world, n)
                     bufs = [checks.make_buf(v, dtype, cont) for v in rows]
-                    _C._simulate_device_call("reduce", bufs, [None] * world, code, root, 256, 10.0, algo)
+                    _C_testing._simulate_device_call("reduce", bufs, [None] * world, code, root, 256, 10.0, algo)
                     err = _nan_aware_diff(bufs[root], ref, tol)
                     if err:
                         fails.append(f"reduce {algo} {dtype} {op} n={n} root {root}: {err}")
                 rows, ref = _planted(dtype, op, seed, world, world * n)
                 ins = [checks.make_buf(v, dtype, cont) for v in rows]
                 outs = [checks.empty_buf(n, dtype, cont) for _ in range(world)]
-                _C._simulate_device_call("reduce_scatter", outs, ins, code, -1, 256, 10.0)
+                _C_testing._simulate_device_call("reduce_scatter", outs, ins, code, -1, 256, 10.0)
                 for r in range(world):
                     err = _nan_aware_diff(outs[r], ref[r * n:(r + 1) * n], tol)
                     if err:

@@ -1,7 +1,7 @@
 """The plan cache (csrc/comm/plan_cache.h): a repeated call's plan is re-based from the
 cache instead of planned again, and must be the plan planned afresh, step for step.
 
-The first half drives the native checker (csrc/comm/plan_cache_check.h: one rank's cache
+The first half drives the native checker (csrc/testing/plan_cache_check.h: one rank's cache
 over fake buffers, never read or written, each plan it hands out compared with
 plan_call's fresh one) over every op, schedule family, world size 1-9, rank, count, root,
 ring order and in-place form, moving the buffers between calls as a training loop's
@@ -21,7 +21,7 @@ import pytest
 
 import checks
 import harness
-from ringcomm import _C
+from ringcomm import _C_testing
 
 SLICE = 16  # elements per ring round per block: larger counts take several rounds
 FAMILIES = {
@@ -105,7 +105,7 @@ def test_every_cached_plan_is_the_fresh_plan(op):
                     continue
                 hosts = _hosts(world) if algo == "hierarchical" else None
                 for rank in range(world):
-                    ch = _C.PlanCacheChecker(rank, world, capacity=4096, ring=ring, hosts=hosts, slice_elems=SLICE)
+                    ch = _C_testing.PlanCacheChecker(rank, world, capacity=4096, ring=ring, hosts=hosts, slice_elems=SLICE)
                     for root, in_place, count in _cases(op, world, rank):
                         for i, layout in enumerate(_layouts()):
                             out, inp, scratch = _buffers(op, rank, root, layout, in_place)
@@ -132,7 +132,7 @@ def test_every_cached_plan_is_the_fresh_plan(op):
 
 def _checker(**kw):
     kw.setdefault("slice_elems", SLICE)
-    return _C.PlanCacheChecker(1, 4, **kw)
+    return _C_testing.PlanCacheChecker(1, 4, **kw)
 
 
 def _plan(ch, op, layout=0, **kw):
@@ -206,7 +206,7 @@ def test_in_place_and_out_of_place_do_not_collide(op):
         assert _plan(ch, op, layout, count=40, in_place=False)["hit"]
         assert _plan(ch, op, layout, count=40, in_place=True)["hit"]
     if op == "all_gather":  # (the ring reduce_scatter's two forms happen to plan alike)
-        fresh = _C.PlanCacheChecker(1, 4, capacity=0, slice_elems=SLICE)
+        fresh = _C_testing.PlanCacheChecker(1, 4, capacity=0, slice_elems=SLICE)
         out, inp, scratch = _layouts()[0]
         steps = [fresh.plan(op, count=40, out=out, in_=inp, scratch=scratch, in_place=f)["steps"]
                  for f in (False, True)]
@@ -251,7 +251,7 @@ def test_after_is_shifted_past_the_steps_already_planned():
     the schedule); appended after other steps, a kept plan's indices move with it."""
     for op, algo in (("broadcast", "tree"), ("all_reduce", "recursive_doubling")):
         for rank in range(5):
-            ch = _C.PlanCacheChecker(rank, 5, slice_elems=SLICE)
+            ch = _C_testing.PlanCacheChecker(rank, 5, slice_elems=SLICE)
             kw = {"root": 0} if op == "broadcast" else {}
             out, _, scratch = _layouts()[0]
             for prefix in (0, 7, 3):
@@ -282,7 +282,7 @@ def test_checker_refuses_bad_calls():
     with pytest.raises(ValueError):
         _checker().plan("scatter", algo="bruck")
     with pytest.raises(ValueError, match="permutation"):
-        _C.PlanCacheChecker(0, 3, ring=[0, 1, 1])
+        _C_testing.PlanCacheChecker(0, 3, ring=[0, 1, 1])
 
 
 # ----------------------------------------------------------- spawned ranks

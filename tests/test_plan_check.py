@@ -1,4 +1,4 @@
-"""The plan checker (csrc/comm/plan_check.cpp) over every collective and every
+"""The plan checker (csrc/testing/plan_check.cpp) over every collective and every
 schedule family it has: each rank's schedule of one call is built with plan_call on
 fake buffers and all ranks are run together in this process under the executor's own
 ordering rules (csrc/comm/step_order.h), over FIFOs of a few slots. The checker proves
@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from ringcomm import _C
+from ringcomm import _C_testing
 
 SLOT = 64  # bytes per FIFO slot
 NSLOTS = 4  # slots per FIFO: a ring slice is one slot (ring_slice_elems)
@@ -67,7 +67,7 @@ def _check(op, algo, world, count, **kw):
         count *= world  # the input holds world equal blocks
     kw.setdefault("slot_bytes", SLOT)
     kw.setdefault("nslots", NSLOTS)
-    return _C.check_plan(op, algo, world=world, count=count, elem_size=ELEM, **kw)
+    return _C_testing.check_plan(op, algo, world=world, count=count, elem_size=ELEM, **kw)
 
 
 def _sound(res, what):
@@ -136,17 +136,17 @@ def test_families_are_the_ones_asked_for():
 
 def test_unknown_or_invalid_calls_raise():
     with pytest.raises(ValueError, match="has no tree schedule"):
-        _C.check_plan("all_reduce", "tree", world=4, count=8)
+        _C_testing.check_plan("all_reduce", "tree", world=4, count=8)
     with pytest.raises(ValueError, match="src 4 is out of range for a communicator of world size 4"):
-        _C.check_plan("broadcast", world=4, count=8, root=4)
+        _C_testing.check_plan("broadcast", world=4, count=8, root=4)
     with pytest.raises(ValueError, match="permutation"):
-        _C.check_plan("all_reduce", world=3, count=8, ring=[0, 1, 1])
+        _C_testing.check_plan("all_reduce", world=3, count=8, ring=[0, 1, 1])
     with pytest.raises(ValueError, match="divide evenly"):
-        _C.check_plan("all_to_all", world=3, count=8)
+        _C_testing.check_plan("all_to_all", world=3, count=8)
     with pytest.raises(ValueError, match="pull"):
-        _C.check_plan("all_reduce", "pull", world=3, count=8, executor="device")
+        _C_testing.check_plan("all_reduce", "pull", world=3, count=8, executor="device")
     with pytest.raises(ValueError, match="no step 99"):
-        _C.check_plan("all_reduce", world=3, count=8, drop=(0, 99))
+        _C_testing.check_plan("all_reduce", world=3, count=8, drop=(0, 99))
 
 
 # --- The checker fails when it should --------------------------------------------

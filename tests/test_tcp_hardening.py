@@ -528,10 +528,12 @@ def test_seed_corpus_matches_the_encoders(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("clang++") is None, reason="needs clang++ with libFuzzer (apt-get install -y clang)")
+@pytest.mark.skipif(shutil.which("clang++") is None or shutil.which("cmake") is None,
+                    reason="needs clang++ with libFuzzer (apt-get install -y clang) and cmake")
 def test_fuzz_targets_build_and_run_10s(tmp_path):
-    """fuzz/build.sh (libFuzzer + ASan + UBSan), then each target for ~10 s from a
-    copy of its seed corpus: no crash."""
+    """fuzz/build.sh (the layer libraries and the targets with libFuzzer + ASan +
+    UBSan, fuzz/CMakeLists.txt), then each target for ~10 s from a copy of its
+    seed corpus: no crash."""
     out = tmp_path / "out"
     env = dict(os.environ, CXX="clang++")
     # build.sh regenerates fuzz/corpus in place; build from a copy of fuzz/ so the

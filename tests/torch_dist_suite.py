@@ -67,7 +67,7 @@ if _MODE is None:
     raise SystemExit("run tests/torch_dist_suite.py as a script (see its docstring)")
 
 if _MODE == "gloo-standin":
-    from ringcomm.torch_backend.standin import install_as_gloo
+    from torch_standin import install_as_gloo  # tests/torch_standin.py, beside this file
 
     install_as_gloo()
 elif _MODE == "ringcomm":

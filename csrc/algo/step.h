@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "transport/link.h"
+#include "ringcomm/msg_tag.h"
 
 namespace ringcomm {
 

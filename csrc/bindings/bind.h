@@ -9,10 +9,12 @@
 
 namespace ringcomm {
 
+struct PlanCacheStats;  // comm/plan_cache.h
+
 // Names the bindings take (args.cpp). A collective by its name, ValueError
 // listing the names otherwise (barrier only where `barrier_ok`).
 OpKind collective_arg(const std::string& name, bool barrier_ok = true);
-// The test hooks' algo=: "auto", or a family op `kind` has a schedule of.
+// The test hooks' (ringcomm._C_testing's) algo=: "auto", or a family op `kind` has a schedule of.
 Algo algo_arg(const std::string& op, OpKind kind, const std::string& algo);
 
 void bind_errors(pybind11::module_& m);
@@ -29,14 +31,10 @@ void bind_call_check(pybind11::module_& m);
 void bind_fast_calls(pybind11::module_& m);
 // The cost model (explain, calibrate, the simulator's model). After bind_communicator.
 void bind_cost_model(pybind11::module_& m);
-// Test hook: the GPU ring family's translation run over a simulated NCCL.
-void bind_device_sim(pybind11::module_& m);
-// Test hook: the cuda_ipc protocol over host shared memory (bind_ipc_sim.cpp).
-void bind_ipc_sim(pybind11::module_& m);
-// Test hook: the plan checker (comm/plan_check.h).
-void bind_plan_check(pybind11::module_& m);
-// The plan cache: a communicator's counters and its test-hook checker. After bind_communicator.
-void bind_plan_cache(pybind11::module_& m);
+// The plan cache's counters on Communicator (bind_plan_cache_stats.cpp). After bind_communicator.
+void bind_plan_cache_stats(pybind11::module_& m);
+// A communicator's (or the test hooks' checker's) plan cache counters as a dict.
+pybind11::dict plan_cache_stats_dict(const PlanCacheStats& s);
 
 #ifdef RINGCOMM_WITH_CUDA
 void bind_cuda(pybind11::module_& m);  // bindings/cuda/bind_cuda.cpp

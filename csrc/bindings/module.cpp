@@ -1,5 +1,6 @@
 // ringcomm._C: the private extension module. Each bind_*.cpp registers one
 // concept; users import the public package `ringcomm`, never this module.
+// The test hooks are in a module of their own (testing/module.cpp).
 #include <pybind11/pybind11.h>
 
 #include "bindings/bind.h"
@@ -22,10 +23,7 @@ PYBIND11_MODULE(_C, m) {
   ringcomm::bind_chooser(m);
   ringcomm::bind_fast_calls(m);
   ringcomm::bind_cost_model(m);
-  ringcomm::bind_device_sim(m);
-  ringcomm::bind_ipc_sim(m);
-  ringcomm::bind_plan_check(m);
-  ringcomm::bind_plan_cache(m);
+  ringcomm::bind_plan_cache_stats(m);
 #ifdef RINGCOMM_WITH_CUDA
   ringcomm::bind_cuda(m);
 #endif

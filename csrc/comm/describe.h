@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "transport/link.h"
+#include "ringcomm/msg_tag.h"
 
 namespace ringcomm {
 

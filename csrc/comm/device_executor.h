@@ -13,7 +13,7 @@
 //
 // The device is reached through DeviceOps: NCCL + CUDA in production
 // (comm/cuda/nccl_device_ops.cpp), an in-process simulation of NCCL's group
-// semantics over host memory in the tests (comm/device_sim.cpp), so this
+// semantics over host memory in the tests (testing/device_sim.cpp), so this
 // translation is tested on machines without a GPU.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The GPU communicator's fault bookkeeping, kept free of CUDA so the CPU tests
-// drive it (bindings/bind_device_sim.cpp) on machines without a GPU.
+// drive it (testing/bind_device_sim.cpp) on machines without a GPU.
 //
 // FaultRecord: which operations an error covers. After ncclCommAbort the
 // kernels exit and every event completes, so "the event completed" no longer

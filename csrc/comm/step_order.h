@@ -1,6 +1,6 @@
 // The order in which a rank runs the Steps of a Schedule (algo/step.h), kept
 // in one place for the two that need it: the executor (comm/executor.cpp),
-// which moves data, and the plan checker (comm/plan_check.cpp), which runs
+// which moves data, and the plan checker (testing/plan_check.cpp), which runs
 // every rank's schedule of a call against modelled FIFOs to prove it
 // completes. Whatever order the executor may take, the checker takes too.
 //

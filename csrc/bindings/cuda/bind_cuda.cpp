@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "bindings/bind.h"
-#include "comm/cuda/cuda_util.h"
 #include "comm/chooser.h"
 #include "comm/cuda/gpu_communicator.h"
+#include "common/cuda/cuda_util.h"
 #include "reduce/cuda/kernels.h"
 #include "transport/nccl/nccl_api.h"
 

@@ -5,7 +5,7 @@
 
 #include "algo/schedules.h"
 #include "comm/call_check.h"
-#include "comm/cuda/cuda_util.h"
+#include "common/cuda/cuda_util.h"
 #include "reduce/cuda/kernels.h"
 
 namespace ringcomm {

@@ -3,7 +3,7 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/cuda/cuda_util.h"
+#include "common/cuda/cuda_util.h"
 #include "comm/cuda/gpu_communicator.h"
 
 namespace ringcomm {

@@ -1,6 +1,6 @@
 #include "comm/cuda/nccl_device_ops.h"
 
-#include "comm/cuda/cuda_util.h"
+#include "common/cuda/cuda_util.h"
 #include "reduce/cuda/kernels.h"
 
 namespace ringcomm {

@@ -1,5 +1,9 @@
 // Picks the widest kernel table this CPU runs, once per process, and hands out
 // reducers from it.
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -14,8 +18,12 @@ namespace {
 bool cpu_has_avx2_fma_f16c() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" for
+  // __builtin_cpu_supports, and fuzz/ builds this file with clang. The AVX2
+  // check above it already covers the OS saving the vector registers.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
   return false;
 #endif

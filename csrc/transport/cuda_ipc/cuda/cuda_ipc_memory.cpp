@@ -4,7 +4,7 @@
 #include <cstring>
 #include <map>
 
-#include "comm/cuda/cuda_util.h"
+#include "common/cuda/cuda_util.h"
 #include "reduce/cuda/kernels.h"
 
 namespace ringcomm {

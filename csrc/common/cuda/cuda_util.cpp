@@ -1,4 +1,4 @@
-#include "comm/cuda/cuda_util.h"
+#include "common/cuda/cuda_util.h"
 
 #include <dlfcn.h>
 

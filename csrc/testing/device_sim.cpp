@@ -1,4 +1,4 @@
-#include "comm/device_sim.h"
+#include "testing/device_sim.h"
 
 #include <cstring>
 #include <string>

@@ -1,5 +1,6 @@
-// The plan cache (comm/plan_cache.h): a communicator's counters, and the
-// checker the tests drive (comm/plan_cache_check.h, not public API).
+// Test hook: the plan cache (comm/plan_cache.h) checker the tests drive
+// (testing/plan_cache_check.h, not public API). A communicator's counters
+// are bound in _C (bindings/bind_plan_cache_stats.cpp).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -7,26 +8,13 @@
 #include <tuple>
 
 #include "bindings/bind.h"
-#include "comm/communicator.h"
-#include "comm/plan_cache_check.h"
 #include "ringcomm/types.h"
+#include "testing/plan_cache_check.h"
 
 namespace py = pybind11;
 
 namespace ringcomm {
 namespace {
-
-py::dict stats_dict(const PlanCacheStats& s) {
-  py::dict d;
-  d["hits"] = s.hits;
-  d["misses"] = s.misses;
-  d["uncached"] = s.uncached;
-  d["evictions"] = s.evictions;
-  d["entries"] = s.entries;
-  d["steps"] = s.steps;
-  d["capacity"] = s.capacity;
-  return d;
-}
 
 // Changes step `i` of a plan the way `field` names (a difference the checker must report).
 void tamper_with(Schedule& steps, size_t i, const std::string& field) {
@@ -54,12 +42,9 @@ void tamper_with(Schedule& steps, size_t i, const std::string& field) {
 }  // namespace
 
 void bind_plan_cache(py::module_& m) {
-  auto comm = py::reinterpret_borrow<py::class_<Communicator>>(m.attr("Communicator"));
-  comm.def("plan_cache_stats", [](const Communicator& c) { return stats_dict(c.plan_cache_stats()); });
-
   py::class_<PlanCacheChecker>(m, "PlanCacheChecker",
                                "Test hook: one rank's plan cache over fake buffers, each plan it hands out "
-                               "compared with a fresh one (comm/plan_cache_check.h). Not public API.")
+                               "compared with a fresh one (testing/plan_cache_check.h). Not public API.")
       .def(py::init([](int rank, int world, size_t capacity, size_t max_steps, std::optional<std::vector<int>> ring,
                        std::optional<std::vector<int>> hosts, size_t slice_elems) {
              return new PlanCacheChecker(rank, world, capacity, max_steps, ring ? *ring : std::vector<int>{},
@@ -102,7 +87,7 @@ void bind_plan_cache(py::module_& m) {
           "Plans one call through the cache and afresh: a dict with 'mismatch' (empty when they are equal, "
           "else the first step and field that differ), 'hit', 'kept', 'family' and 'steps'. Buffers are fake "
           "addresses (0: absent); tamper=(step, field) changes the cached plan first.")
-      .def("stats", [](const PlanCacheChecker& ch) { return stats_dict(ch.stats()); })
+      .def("stats", [](const PlanCacheChecker& ch) { return plan_cache_stats_dict(ch.stats()); })
       .def("clear", &PlanCacheChecker::clear);
 }
 

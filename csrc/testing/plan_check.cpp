@@ -1,4 +1,4 @@
-#include "comm/plan_check.h"
+#include "testing/plan_check.h"
 
 #include <algorithm>
 #include <cstring>
@@ -547,7 +547,7 @@ class RecordingOps : public DeviceOps {
 
 // Every rank posts its groups one at a time; a group is done once each of
 // its transfers met its peer's (pairs match in posting order), the strict
-// reading of NCCL's groups that comm/device_sim.h also takes.
+// reading of NCCL's groups that testing/device_sim.h also takes.
 void run_device(const std::vector<RankPlan>& plans, const PlanCheckCall& c, PlanCheckResult* res) {
   const int n = c.world;
   std::vector<std::vector<std::vector<P2pOp>>> groups(n);

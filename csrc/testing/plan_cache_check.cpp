@@ -1,4 +1,4 @@
-#include "comm/plan_cache_check.h"
+#include "testing/plan_cache_check.h"
 
 #include <algorithm>
 #include <cstdio>

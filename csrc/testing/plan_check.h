@@ -16,7 +16,7 @@
 //     when nothing else can move: the order in which an owner is likeliest
 //     to have returned before its readers read); or, for the device
 //     executor, its grouped transfers under the strict group semantics of
-//     comm/device_sim.h.
+//     testing/device_sim.h.
 //
 // Data is not followed (only the addresses pull schedules send): a plan that
 // moves the right sizes to the right peers but the wrong blocks passes.

@@ -1,4 +1,4 @@
-// Test hook: the plan checker (comm/plan_check.h) over one call's schedules,
+// Test hook: the plan checker (testing/plan_check.h) over one call's schedules,
 // all ranks in this process, no transport. Not part of the public API.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -7,8 +7,8 @@
 #include <tuple>
 
 #include "bindings/bind.h"
-#include "comm/plan_check.h"
 #include "ringcomm/types.h"
+#include "testing/plan_check.h"
 
 namespace py = pybind11;
 
@@ -108,7 +108,7 @@ void bind_plan_check(py::module_& m) {
       py::arg("slot_bytes") = 128 * 1024, py::arg("nslots") = 16, py::arg("slice_elems") = 0,
       py::arg("executor") = "cpu", py::arg("chunk_bytes") = 128 * 1024, py::arg("drop") = py::none(),
       py::arg("swap") = py::none(), py::arg("resize") = py::none(), py::arg("after") = py::none(), py::arg("hosts") = py::none(),
-      "Checks the schedules of one call on every rank (comm/plan_check.h): returns a dict with 'error' (empty "
+      "Checks the schedules of one call on every rank (testing/plan_check.h): returns a dict with 'error' (empty "
       "when the plan is sound), 'family', 'steps', 'messages' and 'passes'. drop=(rank, i), swap=(rank, i, j), "
       "resize=(rank, i, nbytes) and after=(rank, i, j) break the plan on purpose. A test hook, not public API.");
 }

@@ -1,7 +1,7 @@
 // Test hooks for the GPU path's logic that runs without a GPU. Not part of the
 // public API.
 // - _simulate_device_call: one collective of the GPU "ring" family through
-//   the device executor over the in-process NCCL stand-in (comm/device_sim.h),
+//   the device executor over the in-process NCCL stand-in (testing/device_sim.h),
 //   all ranks on threads of this process, on numpy buffers;
 // - _FaultRecord / _AbortGate: the GPU communicator's fault bookkeeping
 //   (comm/fault_state.h); the gate's teardown here marks a stand-in handle
@@ -18,8 +18,8 @@
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
 #include "comm/call_plan.h"
-#include "comm/device_sim.h"
 #include "comm/fault_state.h"
+#include "testing/device_sim.h"
 
 namespace py = pybind11;
 
