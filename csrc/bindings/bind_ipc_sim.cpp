@@ -104,7 +104,7 @@ void bind_ipc_sim(py::module_& m) {
             const int world = c.ch().world();
             if (k == OpKind::kReduceScatter && i.count != o.count * world) throw ValueError("reduce_scatter sizes");
             if (k == OpKind::kAllGather && o.count != i.count * world) throw ValueError("all_gather sizes");
-            CallPlan call;
+            AddressedCall call;
             call.kind = k;
             call.out = o.ptr;
             call.in = i.ptr;

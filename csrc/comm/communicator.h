@@ -182,23 +182,19 @@ class Communicator {
   using Item = std::pair<Call, std::shared_ptr<Work>>;
 
   std::shared_ptr<Work> submit(Call call, bool async, int* source = nullptr);
-  // The latency paths of small synchronous calls (comm/latency_path.cpp).
-  // They return false, having done nothing, when the call must take the general path.
-  bool small_all_reduce(const Buffer& x, ReduceOp op, const Reducer& reducer);
-  void run_small_all_reduce(const Buffer& x, const MsgTag& tag, const Reducer& reducer, bool avg);
-  // A call run inline by the calling thread: claim_inline takes the
-  // communicator (numbering the call with `number`, under the lock) unless
-  // calls are queued or running, in which case the call must queue behind
-  // them; release_inline gives it back. run_claimed runs `body` between the
-  // two and poisons the communicator if it throws.
-  template <class Number>
-  bool claim_inline(Number&& number);
+  // Gives the communicator back after a call run inline by the calling
+  // thread (submit and sendrecv take it under mu_ when nothing is queued).
   void release_inline();
-  template <class Body>
-  void run_claimed(Body&& body);
   void assign_seq(Call& call);
   std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify);
   void execute(Call& call, Work& work);
+  // Runs a collective (or the barrier): plans it (the plan cache), agrees on
+  // it (rooted calls), runs its plan over its buffers; throws its error.
+  void run_call(Call& call);
+  // A synchronous collective run by the calling thread (submit's latency
+  // path): no Work, the error thrown as it is; the communicator is poisoned
+  // if it throws.
+  void run_inline(Call& call);
   // A send/recv group (see communicator.cpp): `first` are its first members
   // (a call and the Work it completes, `keep` owning it when queued).
   struct P2pMember {
@@ -214,7 +210,9 @@ class Communicator {
   Call p2p_call(const Buffer& x, int peer, int64_t tag, bool is_send);
   void fail(const std::string& message);
   Clock::time_point deadline_from_now() const;
-  void plan(Call& call);
+  // The call's plan (kept by plan_cache_; valid until the next plan());
+  // sets call.tag.algo to its family.
+  const Plan& plan(Call& call);
   Algo resolve_algo(const Call& c) const;
   Algo resolve_algo(OpKind kind, size_t model_bytes) const;
   // The model over topo_ with `params` (a copy: it may be model_'s own).
@@ -251,15 +249,18 @@ class Communicator {
   std::unique_ptr<TcpTransport> tcp_;  // peers on other hosts (or all, when forced); may be null
   Router router_;                      // which transport reaches which peer
   Executor executor_;
-  Schedule schedule_;           // reused by every call (one call runs at a time)
   PlanCache plan_cache_;        // what plan() built, per call signature
-  Schedule agreement_schedule_;  // agree_on_call's rounds
+  // The family resolve_algo gave the last call (the chooser's pick; a loop
+  // repeats one call): its op and buffer sizes; kind kBarrier: none yet.
+  // Reset when what the pick depends on changes (rebuild_model, set_pull).
+  OpKind algo_memo_kind_ = OpKind::kBarrier;
+  size_t algo_memo_out_ = 0, algo_memo_in_ = 0;
+  Algo algo_memo_ = Algo::kAuto;
+  Schedule agreement_schedule_;  // agree_on_call's rounds (built once: they depend on rank and world only)
+  BufRef agreement_result_;      // where in the state they leave the agreed words
   uint64_t agreement_state_[4] = {};
-  std::vector<char> scratch_;   // one-shot all_reduce inputs
-  std::vector<const char*> small_in_;  // small all_reduce: the inputs, by rank
-  bool small_path_ = false;            // small all_reduce: on (the algorithm allows one-shot) ...
-  size_t small_max_bytes_ = 0;         // ... up to this size (one segment)
-  std::vector<uint64_t> addrs_;  // pull schedules: published buffer addresses
+  std::vector<char> scratch_;   // the families' scratch (one-shot all_reduce inputs, ...)
+  std::vector<uint64_t> addrs_;  // pull schedules: published buffer addresses (buffer kAddrs)
   std::vector<int> ring_order_;  // position -> rank (identity by default)
   int ring_pos_ = 0;
   bool ring_identity_ = true;

@@ -48,19 +48,23 @@ Executor::Executor(Transport* transport, int rank, int world, WaitPolicy policy)
 // between buffers at different offsets within a page run ~3x slower).
 void Executor::pull(const Step& s, const Reducer* reducer) {
   Link* link = transport_->link(s.recv_peer);
-  const uint64_t addr = *s.remote_base + s.remote_offset;
+  uint64_t base;
+  std::memcpy(&base, bufs_->at(s.remote_base), sizeof(base));
+  const uint64_t addr = base + s.remote_offset;
+  char* const dst = bufs_->at(s.dst);
   if (s.kind == StepKind::kPull) {
-    if (s.nbytes) link->read_remote(s.dst, addr, s.nbytes);
+    if (s.nbytes) link->read_remote(dst, addr, s.nbytes);
     return;
   }
+  const char* const src = bufs_->at(s.src);
   char* tmp = pull_tmp_.data() + (4096 - (reinterpret_cast<uintptr_t>(pull_tmp_.data()) & 4095)) % 4096;
-  tmp += reinterpret_cast<uintptr_t>(s.dst) & 4095;
+  tmp += reinterpret_cast<uintptr_t>(dst) & 4095;
   const size_t chunk = kPullChunk / reducer->elem_size * reducer->elem_size;
   for (size_t off = 0; off < s.nbytes; off += chunk) {
     const size_t n = std::min(chunk, s.nbytes - off);
     link->read_remote(tmp, addr + off, n);
-    reducer->fn(s.dst + off, s.src + off, tmp, n / reducer->elem_size);
-    if (s.divide) reducer->divide(s.dst + off, n / reducer->elem_size, world_);
+    reducer->fn(dst + off, src + off, tmp, n / reducer->elem_size);
+    if (s.divide) reducer->divide(dst + off, n / reducer->elem_size, world_);
   }
 }
 
@@ -82,13 +86,14 @@ void Executor::check_header(const MsgTag& expect, int peer, uint64_t segment, co
 // Moves one step as far as its FIFOs allow. Returns whether anything moved.
 bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
   bool moved = false;
+  const MsgTag& tag = *tag_;
   if (s.kind == StepKind::kAckPull) {
-    transport_->link(s.send_peer)->ack_pull(s.tag->seq);
+    transport_->link(s.send_peer)->ack_pull(tag.seq);
     p.complete = true;
     return true;
   }
   if (s.kind == StepKind::kAwaitPull) {
-    p.complete = transport_->link(s.recv_peer)->pulled() >= s.tag->seq;
+    p.complete = transport_->link(s.recv_peer)->pulled() >= tag.seq;
     return p.complete;
   }
   if (is_pull(s.kind)) {
@@ -96,19 +101,24 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     p.complete = true;
     return true;
   }
+  char* const dst = bufs_->at(s.dst);
+  const char* const src = bufs_->at(s.src);
   if (is_local(s.kind)) {
     if (s.kind == StepKind::kFence) {
     } else if (s.kind == StepKind::kLocalCopy) {
-      const bool apart = s.dst + s.nbytes <= s.src || s.src + s.nbytes <= s.dst;
+      const bool apart = dst + s.nbytes <= src || src + s.nbytes <= dst;
       if (s.nbytes >= kStreamingCopyMinBytes && apart) {
-        copy_streaming(s.dst, s.src, s.nbytes);
+        copy_streaming(dst, src, s.nbytes);
       } else if (s.nbytes) {
-        std::memmove(s.dst, s.src, s.nbytes);
+        std::memmove(dst, src, s.nbytes);
       }
+    } else if (s.kind == StepKind::kPublish) {
+      const uint64_t a = reinterpret_cast<uintptr_t>(src);
+      std::memcpy(dst, &a, sizeof(a));
     } else {
       size_t n = s.nbytes / reducer->elem_size;
-      reducer->fn(s.dst, s.src, s.src2, n);
-      if (s.divide) reducer->divide(s.dst, n, world_);
+      reducer->fn(dst, src, bufs_->at(s.src2), n);
+      if (s.divide) reducer->divide(dst, n, world_);
     }
     p.complete = true;
     return true;
@@ -124,53 +134,53 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
       h = in->recv_peek(&payload);
       if (!h) break;
       bool absorbed = false;
-      if (absorbed_p2p(*s.tag, s.recv_peer, *h, &absorbed)) {
+      if (absorbed_p2p(tag, s.recv_peer, *h, &absorbed)) {
         if (!absorbed) break;  // the rest of that message has not arrived (or cannot be held yet)
         moved = true;
         continue;  // the collective's own data may be next
       }
-      check_header(*s.tag, s.recv_peer, p.segment, *h, n);
+      check_header(tag, s.recv_peer, p.segment, *h, n);
     }
     char* slot_ptr = nullptr;
     if (out) {
-      const void* align_to = s.kind == StepKind::kSend             ? s.src + p.done
-                             : s.kind == StepKind::kRecvReduceSend ? s.src + p.done
-                                                                   : s.dst + p.done;
+      const void* align_to = s.kind == StepKind::kSend             ? src + p.done
+                             : s.kind == StepKind::kRecvReduceSend ? src + p.done
+                                                                   : dst + p.done;
       slot_ptr = out->send_slot(page_offset(align_to));
       if (!slot_ptr) break;
     }
     const size_t elems = reducer ? n / reducer->elem_size : 0;
     switch (s.kind) {
       case StepKind::kSend:
-        if (n) std::memcpy(slot_ptr, s.src + p.done, n);
+        if (n) std::memcpy(slot_ptr, src + p.done, n);
         break;
       case StepKind::kRecv:
         if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
-          copy_streaming(s.dst + p.done, payload, n);
+          copy_streaming(dst + p.done, payload, n);
         } else if (n) {
-          std::memcpy(s.dst + p.done, payload, n);
+          std::memcpy(dst + p.done, payload, n);
         }
         break;
       case StepKind::kRecvReduce:
-        reducer->fn(s.dst + p.done, s.src + p.done, payload, elems);
-        if (s.divide) reducer->divide(s.dst + p.done, elems, world_);
+        reducer->fn(dst + p.done, src + p.done, payload, elems);
+        if (s.divide) reducer->divide(dst + p.done, elems, world_);
         break;
       case StepKind::kRecvReduceSend:
-        reducer->fn(slot_ptr, s.src + p.done, payload, elems);
+        reducer->fn(slot_ptr, src + p.done, payload, elems);
         break;
       case StepKind::kRecvReduceCopySend:
-        reducer->fn(s.dst + p.done, s.src + p.done, payload, elems);
-        if (s.divide) reducer->divide(s.dst + p.done, elems, world_);
-        if (n) std::memcpy(slot_ptr, s.dst + p.done, n);
+        reducer->fn(dst + p.done, src + p.done, payload, elems);
+        if (s.divide) reducer->divide(dst + p.done, elems, world_);
+        if (n) std::memcpy(slot_ptr, dst + p.done, n);
         break;
       case StepKind::kRecvCopySend:
         // Both copies read the payload (in cache), not dst (it may have been
         // written around the cache).
         if (n) std::memcpy(slot_ptr, payload, n);
         if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
-          copy_streaming(s.dst + p.done, payload, n);
+          copy_streaming(dst + p.done, payload, n);
         } else if (n) {
-          std::memcpy(s.dst + p.done, payload, n);
+          std::memcpy(dst + p.done, payload, n);
         }
         break;
       default:
@@ -178,7 +188,7 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     }
     if (out) {
       MsgHeader oh;
-      oh.tag = *s.tag;
+      oh.tag = tag;
       oh.nbytes = static_cast<uint32_t>(n);
       oh.segment = p.segment;
       out->send_commit(oh);
@@ -311,8 +321,10 @@ void Executor::throw_timeout(const CallInfo& info, const std::string& what) cons
                      (peers.empty() ? " (did every rank call it?)" : ": " + peers));
 }
 
-void Executor::run(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
-                   const CallInfo& info, const std::function<bool()>* refill) {
+void Executor::run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
+                   const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill) {
+  bufs_ = &bufs;
+  tag_ = &tag;
   first_ = 0;
   progress_.assign(steps.size(), StepProgress{});  // within the reserved capacity: no allocation
   const size_t window = refill ? SIZE_MAX / 2 : step_window(world_);
