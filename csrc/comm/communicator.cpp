@@ -72,7 +72,7 @@ Communicator::Communicator(int rank, int world, Config config)
 // message, the receiver follows it: comm/p2p_match.cpp).
 void Communicator::set_pull(bool on) {
   pull_ok_ = on && config_.pull;
-  algo_memo_kind_ = OpKind::kBarrier;  // resolve_algo's answers depend on it
+  memo_.valid = false;  // resolve_algo's answers depend on it
   matcher_.set_pull(pull_ok_, algos_.forces_pull_everywhere ? 0 : config_.pull_min_bytes);
 }
 
@@ -127,7 +127,7 @@ void Communicator::set_ring_order(const std::vector<int>& order) {
   ring_identity_ = true;
   for (int i = 0; i < world_; ++i) ring_identity_ = ring_identity_ && order[i] == i;
   topo_.ring = ring_order_;
-  plan_cache_.clear();  // plans of the old order
+  plan_cache_.clear();  // plans of the old order (memo_ too: the cache's generation moves)
   rebuild_model(model_.params());
 }
 
@@ -153,7 +153,7 @@ void Communicator::rebuild_model(CostParams params) {
   lim.oneshot_max_bytes = config_.oneshot_max_bytes;
   lim.check_agreement = config_.check_agreement;
   model_ = CostModel(topo_, std::move(params), lim);
-  algo_memo_kind_ = OpKind::kBarrier;  // picks of the old model
+  memo_.valid = false;  // picks of the old model
 }
 
 std::vector<std::pair<std::string, double>> Communicator::explain(OpKind kind, size_t nbytes) const {
@@ -484,7 +484,7 @@ void Communicator::check_thread(const char* name) {
   const std::thread::id me = std::this_thread::get_id();
   const bool busy = running_ || !queue_.empty();
   if (busy && issuer_ != me && issuer_ != std::thread::id()) {
-    const std::string other = running_ ? running_name_ : queue_.front().first.name;
+    const std::string other = running_ ? std::string(running_name_) : queue_.front().first.name;
     const std::string msg = "ringcomm: " + std::string(name) + " was called on rank " + std::to_string(rank_) +
                             " from a second thread while " + other +
                             ", issued by another thread, was still in flight: calls on one communicator must come "
@@ -511,7 +511,7 @@ void Communicator::record(const Call& c, CallState state) {
 }
 
 CallInfo Communicator::info_of(const Call& c) const {
-  CallInfo info{c.name, c.tag.seq, rank_, config_.timeout_s};
+  CallInfo info{c.name.c_str(), c.tag.seq, rank_, config_.timeout_s};
   info.kind = static_cast<int>(c.kind);
   info.p2p_peer = c.kind == OpKind::kSend ? c.root : -1;
   if (c.kind == OpKind::kSend && c.root == kAnySource) info.kind = -1;  // no one peer to ask
@@ -567,7 +567,7 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
   if (queue_.empty() && !running_) {
     // Both run in this thread as one group (the latency path).
     running_ = true;
-    running_name_ = "sendrecv";
+    running_name_ = "sendrecv";  // (a literal: no string built per call)
     lk.unlock();
     Work ws(m[0].call.name), wr(m[1].call.name);
     m[0].work = &ws;
@@ -586,14 +586,19 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
   wr->wait(-1);
 }
 
-std::shared_ptr<Work> Communicator::submit(Call call, bool async, int* source) {
+std::shared_ptr<Work> Communicator::submit(Call&& call, bool async, int* source) {
   std::unique_lock<std::mutex> lk(mu_);
   check_usable();
   assign_seq(call);
   if (!async && queue_.empty() && !running_) {
     // The latency path: run in this thread, no allocation, no hand-off.
     running_ = true;
-    running_name_ = call.name;
+    if (call.kind != OpKind::kSend) {
+      running_name_ = call.name.c_str();  // `call` stays here while it runs
+    } else {
+      running_owned_ = call.name;  // the send/recv group moves the call
+      running_name_ = running_owned_.c_str();
+    }
     lk.unlock();
     if (call.kind != OpKind::kSend) {
       // A collective: its error is thrown as it is (no Work to carry it).
@@ -628,7 +633,8 @@ void Communicator::run_front(std::unique_lock<std::mutex>& lk) {
   auto item = std::move(queue_.front());
   queue_.pop_front();
   running_ = true;
-  running_name_ = item.first.name + " (seq " + std::to_string(item.first.tag.seq) + ")";
+  running_owned_ = item.first.name + " (seq " + std::to_string(item.first.tag.seq) + ")";
+  running_name_ = running_owned_.c_str();
   lk.unlock();
   if (item.first.kind == OpKind::kSend) {
     P2pMember m;
@@ -685,8 +691,23 @@ void Communicator::help(const Work* work) {
   }
 }
 
-const Plan& Communicator::plan(Call& c) {
+const Plan& Communicator::plan(Call& c, size_t* out_bytes_out) {
   const size_t elem = dtype_size(static_cast<DataType>(c.tag.dtype));
+  // Both buffers hold the call's dtype (the entry points check it).
+  const size_t out_bytes = c.a.count * elem, in_bytes = c.b.count * elem;
+  *out_bytes_out = out_bytes;
+  CallPlan call;
+  call.kind = c.kind;
+  call_buffers(c.a.ptr, out_bytes, c.b.ptr, in_bytes, &call);
+  const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
+  PlanMemo& m = memo_;
+  if (m.valid && m.kind == c.kind && m.dtype == c.tag.dtype && m.avg == avg && m.root == c.root &&
+      m.a_count == c.a.count && m.b_count == c.b.count && m.out == call.out && m.in == call.in &&
+      m.generation == plan_cache_.generation()) {
+    plan_cache_.count_hit();
+    c.tag.algo = m.plan->family;
+    return *m.plan;
+  }
   const size_t slice = ring_slice_elems(config_.slot_bytes, config_.nslots, elem);
   PlanContext ctx{rank_, world_, elem, slice, nullptr};
   ctx.topo = &topo_;
@@ -694,28 +715,26 @@ const Plan& Communicator::plan(Call& c) {
     ctx.ring = ring_order_.data();
     ctx.ring_pos = ring_pos_;
   }
-  CallPlan call;
-  call.kind = c.kind;
-  call_buffers(c.a.ptr, c.a.nbytes(), c.b.ptr, c.b.nbytes(), &call);
   const bool by_input = c.kind == OpKind::kAllGather || c.kind == OpKind::kGather || c.kind == OpKind::kAllToAll;
   call.count = by_input ? c.b.count : c.a.count;
   call.root = c.root;
-  call.avg = c.reduces && c.redop == ReduceOp::kAvg;
-  if (c.kind != OpKind::kBarrier) {
-    // resolve_algo depends on the op and the buffers' sizes (and on what
-    // resets the memo): a loop repeating one call asks the chooser once.
-    if (c.kind != algo_memo_kind_ || c.a.nbytes() != algo_memo_out_ || c.b.nbytes() != algo_memo_in_) {
-      algo_memo_ = resolve_algo(c);
-      algo_memo_kind_ = c.kind;
-      algo_memo_out_ = c.a.nbytes();
-      algo_memo_in_ = c.b.nbytes();
-    }
-    call.algo = algo_memo_;
-  }
+  call.avg = avg;
+  if (c.kind != OpKind::kBarrier) call.algo = resolve_algo(c);
   const size_t need = scratch_bytes(call, elem, world_);
   if (scratch_.size() < need) scratch_.resize(need);
   const Plan& p = plan_cache_.plan(ctx, call);
   c.tag.algo = p.family;
+  m.valid = plan_cache_.kept(p);
+  m.kind = c.kind;
+  m.dtype = c.tag.dtype;
+  m.avg = avg;
+  m.root = c.root;
+  m.a_count = c.a.count;
+  m.b_count = c.b.count;
+  m.out = call.out;
+  m.in = call.in;
+  m.generation = plan_cache_.generation();
+  m.plan = &p;
   return p;
 }
 
@@ -794,11 +813,12 @@ void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, cons
 }
 
 void Communicator::run_call(Call& c) {
-  const Plan& p = plan(c);
+  size_t out_bytes;
+  const Plan& p = plan(c, &out_bytes);
   const CallInfo info = info_of(c);
   const Clock::time_point deadline = deadline_from_now();
   if (is_rooted(c.kind) && config_.check_agreement) agree_on_call(c, deadline, info);
-  executor_.set_streaming(c.a.nbytes() >= kStreamingCopyMinBytes);  // c.a: the output
+  executor_.set_streaming(out_bytes >= kStreamingCopyMinBytes);  // c.a: the output
   PlanBuffers bufs;
   bufs.base[kOut] = c.a.ptr;
   bufs.base[kIn] = c.b.ptr;
@@ -922,6 +942,7 @@ void Communicator::execute_p2p(P2pMember* first, size_t n, bool take_queued) {
       std::lock_guard<std::mutex> lk(mu_);
       while (!queue_.empty() && queue_.front().first.kind == OpKind::kSend) {
         group.emplace_back();
+        described = SIZE_MAX;  // the group may have moved: `info` names the oldest's call again
         P2pMember& m = group.back();
         m.call = std::move(queue_.front().first);
         m.keep = std::move(queue_.front().second);

@@ -181,7 +181,7 @@ class Communicator {
 
   using Item = std::pair<Call, std::shared_ptr<Work>>;
 
-  std::shared_ptr<Work> submit(Call call, bool async, int* source = nullptr);
+  std::shared_ptr<Work> submit(Call&& call, bool async, int* source = nullptr);
   // Gives the communicator back after a call run inline by the calling
   // thread (submit and sendrecv take it under mu_ when nothing is queued).
   void release_inline();
@@ -211,8 +211,8 @@ class Communicator {
   void fail(const std::string& message);
   Clock::time_point deadline_from_now() const;
   // The call's plan (kept by plan_cache_; valid until the next plan());
-  // sets call.tag.algo to its family.
-  const Plan& plan(Call& call);
+  // sets call.tag.algo to its family and *out_bytes to its output's size.
+  const Plan& plan(Call& call, size_t* out_bytes);
   Algo resolve_algo(const Call& c) const;
   Algo resolve_algo(OpKind kind, size_t model_bytes) const;
   // The model over topo_ with `params` (a copy: it may be model_'s own).
@@ -250,12 +250,22 @@ class Communicator {
   Router router_;                      // which transport reaches which peer
   Executor executor_;
   PlanCache plan_cache_;        // what plan() built, per call signature
-  // The family resolve_algo gave the last call (the chooser's pick; a loop
-  // repeats one call): its op and buffer sizes; kind kBarrier: none yet.
-  // Reset when what the pick depends on changes (rebuild_model, set_pull).
-  OpKind algo_memo_kind_ = OpKind::kBarrier;
-  size_t algo_memo_out_ = 0, algo_memo_in_ = 0;
-  Algo algo_memo_ = Algo::kAuto;
+  // The last call's signature and its kept plan (a loop repeats one call:
+  // it takes the plan without asking the chooser or the cache again).
+  // Valid while `valid` and the cache's generation are unchanged; reset when
+  // what the chooser's pick depends on changes (rebuild_model, set_pull).
+  struct PlanMemo {
+    bool valid = false;
+    OpKind kind = OpKind::kBarrier;
+    uint8_t dtype = 0;
+    bool avg = false;
+    int root = -1;
+    size_t a_count = 0, b_count = 0;
+    BufRef out, in;  // the buffers' form (CallPlan::out / ::in)
+    uint64_t generation = 0;
+    const Plan* plan = nullptr;
+  };
+  PlanMemo memo_;
   Schedule agreement_schedule_;  // agree_on_call's rounds (built once: they depend on rank and world only)
   BufRef agreement_result_;      // where in the state they leave the agreed words
   uint64_t agreement_state_[4] = {};
@@ -272,7 +282,10 @@ class Communicator {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool running_ = false;  // a call is executing (inline or on the worker)
-  std::string running_name_;  // ... which one
+  // ... which one: a literal, the name of the call run inline (alive while
+  // it runs), or running_owned_ (guarded by mu_ like running_).
+  const char* running_name_ = "";
+  std::string running_owned_;
   std::thread::id issuer_;    // the thread that issued the latest call
   bool stop_ = false;
   bool closing_ = false;

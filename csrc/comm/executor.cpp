@@ -213,7 +213,7 @@ bool Executor::pass(const Schedule& steps, const Reducer* reducer, size_t window
 namespace {
 
 std::string call_text(const CallInfo& info) {
-  return info.op + " (seq " + std::to_string(info.seq) + ") on rank " + std::to_string(info.rank);
+  return std::string(info.op) + " (seq " + std::to_string(info.seq) + ") on rank " + std::to_string(info.rank);
 }
 
 // A peer that failed with a mismatch makes this rank's error a mismatch too.
@@ -279,7 +279,7 @@ std::string Executor::peers_activity(const CallInfo& info) const {
     CallRecordView r;
     if (!transport_->peer_call(p, p2p, &r)) continue;
     std::string s = "rank " + std::to_string(p) + " ";
-    const std::string mine = info.op + " (seq " + std::to_string(info.seq) + ")";
+    const std::string mine = std::string(info.op) + " (seq " + std::to_string(info.seq) + ")";
     if (p2p) {
       // Point-to-point counters run per pair and direction: just say what it did last.
       s += r.state == static_cast<uint8_t>(CallState::kNone) ? "has made no send/recv call yet"
@@ -316,7 +316,7 @@ void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
 
 void Executor::throw_timeout(const CallInfo& info, const std::string& what) const {
   std::string peers = peers_activity(info);
-  throw TimeoutError("ringcomm: " + info.op + " (seq " + std::to_string(info.seq) + ") on rank " +
+  throw TimeoutError("ringcomm: " + std::string(info.op) + " (seq " + std::to_string(info.seq) + ") on rank " +
                      std::to_string(rank_) + ": Timed out after " + seconds_text(info.timeout_s) + " s " + what +
                      (peers.empty() ? " (did every rank call it?)" : ": " + peers));
 }
@@ -326,7 +326,8 @@ void Executor::run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag&
   bufs_ = &bufs;
   tag_ = &tag;
   first_ = 0;
-  progress_.assign(steps.size(), StepProgress{});  // within the reserved capacity: no allocation
+  progress_.resize(steps.size());  // within the reserved capacity: no allocation
+  for (StepProgress& p : progress_) p = StepProgress{};
   const size_t window = refill ? SIZE_MAX / 2 : step_window(world_);
   drive([&] {
           bool changed = refill && (*refill)();

@@ -29,7 +29,9 @@ struct WaitPolicy {
 
 // What a failing executor reports about the call it was running.
 struct CallInfo {
-  std::string op;  // "all_reduce"
+  // "all_reduce", "send to rank 3 (tag 5)": the name of the running call,
+  // which outlives its run (no string is copied per call).
+  const char* op = "";
   uint64_t seq = 0;
   int rank = -1;
   double timeout_s = 0;
@@ -142,6 +144,7 @@ void Executor::drive(StepF&& step, DoneF&& done, const Clock::time_point& deadli
     if (transport_->any_peer_aborted()) check_peers_alive();
     for (;;) {
       if (step()) {
+        if (done()) return;
         idle = 0;
         // A long transfer that never waits still looks at aborts and Ctrl-C.
         if ((++busy & 1023) == 0) periodic_checks(Clock::now(), false);

@@ -23,6 +23,7 @@ bool PlanCache::Context::operator==(const Context& o) const {
 PlanCache::PlanCache(size_t capacity, size_t max_steps) : capacity_(capacity), max_steps_(max_steps) {}
 
 void PlanCache::clear() {
+  ++generation_;
   lru_.clear();
   index_.clear();
   held_steps_ = 0;
@@ -92,6 +93,7 @@ const Plan& PlanCache::build(const PlanContext& c, const Key& key) {
 // Drops the least recently used plans until one more of `steps` steps fits.
 void PlanCache::evict_for(size_t steps) {
   while (!lru_.empty() && (lru_.size() >= capacity_ || held_steps_ + steps > max_steps_)) {
+    ++generation_;
     held_steps_ -= lru_.back().plan.steps.size();
     index_.erase(lru_.back().key);
     lru_.pop_back();

@@ -62,6 +62,13 @@ class PlanCache {
   // Forget every plan (the ring order or the topology changed).
   void clear();
   PlanCacheStats stats() const;
+  // Whether `p` (from plan()) is kept, and until when: a kept plan stays
+  // where it is while generation() is unchanged (it moves on eviction and
+  // clear()). A caller that remembers the plan of its last call and sees
+  // the same call again takes it without a lookup, and counts the hit here.
+  bool kept(const Plan& p) const { return &p != &fresh_; }
+  uint64_t generation() const { return generation_; }
+  void count_hit() { hits_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   struct Key {
@@ -98,6 +105,7 @@ class PlanCache {
   std::unordered_map<Key, std::list<Entry>::iterator, KeyHash> index_;
   Plan fresh_;  // a plan that is not kept (cache off, over the budget)
   size_t held_steps_ = 0;
+  uint64_t generation_ = 0;
   std::atomic<uint64_t> hits_{0}, misses_{0}, uncached_{0}, evictions_{0};
   std::atomic<size_t> entries_{0}, steps_{0};
 };
