@@ -56,6 +56,7 @@ Communicator::Communicator(int rank, int world, Config config)
       router_(rank, world, shm_.get()),
       executor_(&router_, rank, world, config_.wait),
       plan_cache_(config_.plan_cache_entries),
+      timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config_.timeout_s))),
       addrs_(world),
       ring_order_(world),
       model_(Topology{}, default_cost_params(), ModelLimits{}),
@@ -867,10 +868,7 @@ void Communicator::run_inline(Call& c) {
   record(c, CallState::kFinished);
 }
 
-Clock::time_point Communicator::deadline_from_now() const {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(config_.timeout_s));
-}
+Clock::time_point Communicator::deadline_from_now() const { return Clock::now() + timeout_; }
 
 // Poisons the communicator and tells the peers, so they fail fast too.
 void Communicator::fail(const std::string& message) {

@@ -250,6 +250,7 @@ class Communicator {
   Router router_;                      // which transport reaches which peer
   Executor executor_;
   PlanCache plan_cache_;        // what plan() built, per call signature
+  const Clock::duration timeout_;  // config_.timeout_s (deadline_from_now)
   // The last call's signature and its kept plan (a loop repeats one call:
   // it takes the plan without asking the chooser or the cache again).
   // Valid while `valid` and the cache's generation are unchanged; reset when

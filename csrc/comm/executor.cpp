@@ -202,6 +202,114 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
   return moved;
 }
 
+namespace {
+
+constexpr size_t kFlatMaxSteps = 64;
+
+}  // namespace
+
+bool Executor::run_flat(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
+                        const CallInfo& info) {
+  const size_t n = steps.size();
+  if (n > kFlatMaxSteps) return false;
+  // The transfers first (plain sends and receives of at most one segment,
+  // no `after`, each on a FIFO no other step of the plan uses), then only
+  // local steps.
+  size_t transfers = 0;
+  for (; transfers < n; ++transfers) {
+    const Step& s = steps[transfers];
+    if (s.kind != StepKind::kSend && s.kind != StepKind::kRecv) break;
+    if (s.after != SIZE_MAX) return false;
+    for (size_t j = 0; j < transfers; ++j) {
+      const Step& o = steps[j];
+      if (o.kind == s.kind && (s.kind == StepKind::kSend ? o.send_peer == s.send_peer : o.recv_peer == s.recv_peer)) {
+        return false;
+      }
+    }
+  }
+  for (size_t i = transfers; i < n; ++i) {
+    if (!is_local(steps[i].kind)) return false;
+  }
+  size_t left = transfers;
+  bool too_big = false;  // a transfer of more than one segment: the general passes take over
+  drive(
+      [&] {
+        bool moved = false;
+        if (left) {
+          for (size_t i = 0; i < transfers; ++i) {
+            if (progress_[i].complete) continue;
+            const int r = flat_transfer(steps[i], progress_[i]);
+            if (r < 0) {
+              too_big = true;
+              first_ = n;  // leaves drive(); run() resets it
+              return true;
+            }
+            if (r) {
+              moved = true;
+              --left;
+            }
+          }
+          if (left) return moved;
+        }
+        // Everything before them is complete: the local steps, in order.
+        for (; first_ < n; ++first_) {
+          if (first_ >= transfers) advance(steps[first_], progress_[first_], reducer);
+        }
+        return true;
+      },
+      [&] { return first_ >= n; }, deadline, info,
+      [&] {
+        while (first_ < n && progress_[first_].complete) ++first_;
+        fail_timeout(steps, *info_);
+      });
+  if (too_big) first_ = 0;  // progress_ holds what moved: the general passes go on from there
+  return !too_big;
+}
+
+// A send or receive of one segment (run_flat): advance() without the
+// general loop.
+int Executor::flat_transfer(const Step& s, StepProgress& p) {
+  if (s.kind == StepKind::kSend) {
+    Link* out = transport_->link(s.send_peer);
+    if (s.nbytes > out->slot_bytes()) return -1;
+    const char* src = bufs_->at(s.src);
+    char* slot = out->send_slot(page_offset(src));
+    if (!slot) return 0;
+    if (s.nbytes) std::memcpy(slot, src, s.nbytes);
+    MsgHeader oh;
+    oh.tag = *tag_;
+    oh.nbytes = static_cast<uint32_t>(s.nbytes);
+    oh.segment = 0;
+    out->send_commit(oh);
+  } else {
+    Link* in = transport_->link(s.recv_peer);
+    if (s.nbytes > in->slot_bytes()) return -1;
+    for (;;) {
+      const char* payload = nullptr;
+      const MsgHeader* h = in->recv_peek(&payload);
+      if (!h) return 0;
+      bool absorbed = false;
+      if (absorbed_p2p(*tag_, s.recv_peer, *h, &absorbed)) {
+        if (!absorbed) return 0;
+        continue;  // the collective's own data may be next
+      }
+      check_header(*tag_, s.recv_peer, 0, *h, s.nbytes);
+      char* dst = bufs_->at(s.dst);
+      if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {  // as advance() copies
+        copy_streaming(dst, payload, s.nbytes);
+      } else if (s.nbytes) {
+        std::memcpy(dst, payload, s.nbytes);
+      }
+      in->recv_release();
+      break;
+    }
+  }
+  p.done = s.nbytes;
+  p.segment = 1;
+  p.complete = true;
+  return 1;
+}
+
 // One pass over the active window, in the order comm/step_order.h sets.
 bool Executor::pass(const Schedule& steps, const Reducer* reducer, size_t window) {
   // Steps appended by a refill get their progress here.
@@ -328,6 +436,8 @@ void Executor::run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag&
   first_ = 0;
   progress_.resize(steps.size());  // within the reserved capacity: no allocation
   for (StepProgress& p : progress_) p = StepProgress{};
+  if (!refill && run_flat(steps, reducer, deadline, info)) return;
+  // (run_flat may have moved some steps before handing over: progress_ says which.)
   const size_t window = refill ? SIZE_MAX / 2 : step_window(world_);
   drive([&] {
           bool changed = refill && (*refill)();

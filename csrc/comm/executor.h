@@ -104,6 +104,18 @@ class Executor {
 
  private:
   bool pass(const Schedule& steps, const Reducer* reducer, size_t window);
+  // Plans of the latency path's shape (the one-shot all_reduce of a small
+  // message, a barrier round, ...): a few plain sends and receives of one
+  // segment each, every one on a FIFO of its own, then local steps. The
+  // ordering rules (comm/step_order.h) then reduce to "the transfers in any
+  // order, then the local steps in list order", which run_flat does without
+  // the general passes. Returns false for other plans (having done nothing,
+  // or, when a transfer turns out to need more than one segment, with
+  // progress_ saying what moved: the general passes go on from there).
+  bool run_flat(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
+                const CallInfo& info);
+  // 1: done, 0: must wait, -1: more than one segment (not moved).
+  int flat_transfer(const Step& s, StepProgress& p);
   bool advance(const Step& s, StepProgress& p, const Reducer* reducer);
   void pull(const Step& s, const Reducer* reducer);
   [[noreturn]] void fail_timeout(const Schedule& steps, const CallInfo& info);
