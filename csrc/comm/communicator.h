@@ -58,7 +58,7 @@ struct Config {
   // The ring's order: "host" (host-contiguous) or "rank" (rank order, for
   // comparison: every hop of an interleaved placement crosses the network).
   std::string ring_order = "host";
-  // Plans kept per call signature and re-based onto each call's buffers
+  // Plans kept per call signature and run as they stand on each call's buffers
   // (comm/plan_cache.h); 0: every call is planned afresh.
   size_t plan_cache_entries = PlanCache::kDefaultEntries;
   WaitPolicy wait;

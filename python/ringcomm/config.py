@@ -26,8 +26,8 @@ RINGCOMM_COST_MODEL        what `auto` picks with: measure (default: links measu
                            most) | default (built-in figures) | a file `ringcomm-bench --calibrate` wrote
                            (read by rank 0 only; every rank must use the same setting)
 RINGCOMM_RING_ORDER        host (default: each host's ranks next to each other) | rank (rank order)
-RINGCOMM_PLAN_CACHE        plans a communicator keeps per call signature, re-based onto each repeated
-                           call's buffers (default 64; 0 plans every call afresh; at most 4096)
+RINGCOMM_PLAN_CACHE        plans a communicator keeps per call signature, run as they stand on each
+                           repeated call's buffers (default 64; 0 plans every call afresh; at most 4096)
 RINGCOMM_HOST_ID           overrides the host identity (hostname + boot id; at most 255 characters)
 RINGCOMM_TRANSPORT         auto (shared memory on one host, TCP between hosts) | shm | tcp (every peer) |
                            cuda_ipc (GPU buffers over CUDA IPC among the ranks of one host, CPU buffers as
