@@ -2,12 +2,13 @@
 
     python benchmarks/plan_cache_cost.py [--world 2] [--calls 4000] [--launches 3]
 
-Per-call time of small collectives that are planned (a synchronous all_reduce that fits
-the latency path builds no plan, so all_reduce runs forced to the ring here:
-RINGCOMM_ALGO=all_reduce:ring for every launch; the other ops pick), with the cache on (RINGCOMM_PLAN_CACHE unset: 64 plans) and off
-(RINGCOMM_PLAN_CACHE=0). Launches alternate on/off so that drift hits both alike; each
-figure is the median over launches of the median of 5 batches of --calls calls (slowest
-rank). Fresh numpy buffers every batch: the cache re-bases onto new addresses.
+Per-call time of small collectives (all_reduce forced to the ring here:
+RINGCOMM_ALGO=all_reduce:ring for every launch, as it was measured before small
+all_reduce calls ran their one-shot plan inline too; the other ops pick), with the cache
+on (RINGCOMM_PLAN_CACHE unset: 64 plans) and off (RINGCOMM_PLAN_CACHE=0). Launches
+alternate on/off so that drift hits both alike; each figure is the median over launches
+of the median of 5 batches of --calls calls (slowest rank). Fresh numpy buffers every
+batch: a kept plan runs on them as it stands.
 """
 import argparse
 import os

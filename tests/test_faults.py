@@ -345,34 +345,40 @@ def _two_threads_racing(ctx, fails, msgs):
     _sync(ctx, "threads-racing")
 
 
-def _timeout_says_what_peers_did(ctx, fails, msgs):
+def _timeout_says_what_peers_did(ctx, fails, msgs, count=BIG):
     """Ranks 0 and 1 call all_reduce (seq 3); rank 2 stops after broadcast (seq 2).
-    The timeout on rank 0 says rank 2 never called it and what it did last."""
+    The timeout on rank 0 says rank 2 never called it and what it did last. A small
+    count runs the one-shot plan inline (the latency path): the same words, and the
+    peer it waited for."""
     import ringcomm
 
+    key = f"diag{count}"
     comm = _new_comm(ctx, timeout=1.0)
     r = ctx.rank
     comm.all_reduce(np.ones(4, np.float32))           # seq 1
     comm.broadcast(np.ones(4, np.float32), src=0)     # seq 2
     if r == 2:
-        ctx.store.wait(["diag/done/0", "diag/done/1"], timedelta(seconds=60))
+        ctx.store.wait([f"{key}/done/0", f"{key}/done/1"], timedelta(seconds=60))
     else:
         try:
-            comm.all_reduce(np.ones(BIG, np.float32))  # seq 3
+            comm.all_reduce(np.ones(count, np.float32))  # seq 3
             fails.append("diag: all_reduce returned although rank 2 never called it")
         except ringcomm.RingcommError as e:
             # The first rank to time out aborts: the other may raise with its message.
             m = str(e)
             msgs.append(f"diag on rank {r}: {type(e).__name__}: {m}")
-            for part in ("Timed out", "rank 2 never called all_reduce (seq 3)",
-                         "its last call was broadcast (seq 2), finished"):
+            parts = ["Timed out", "rank 2 never called all_reduce (seq 3)",
+                     "its last call was broadcast (seq 2), finished"]
+            if count < BIG and isinstance(e, ringcomm.TimeoutError):
+                parts += [f"all_reduce (seq 3) on rank {r}", "waiting for data from rank 2"]
+            for part in parts:
                 if part not in m:
-                    fails.append(f"diag: the timeout message lacks {part!r}: {m}")
+                    fails.append(f"diag {count}: the timeout message lacks {part!r}: {m}")
         except Exception as e:  # noqa: BLE001
-            fails.append(f"diag: raised {type(e).__name__}: {first_line(e)}")
-        ctx.store.set(f"diag/done/{r}", "1")
+            fails.append(f"diag {count}: raised {type(e).__name__}: {first_line(e)}")
+        ctx.store.set(f"{key}/done/{r}", "1")
     comm.close()
-    _sync(ctx, "diag")
+    _sync(ctx, key)
 
 
 def _faults(comm, transport):
@@ -390,6 +396,7 @@ def _faults(comm, transport):
     _two_threads(ctx, fails, msgs)
     _two_threads_racing(ctx, fails, msgs)
     _timeout_says_what_peers_did(ctx, fails, msgs)
+    _timeout_says_what_peers_did(ctx, fails, msgs, count=4)
     return {"fails": fails, "msgs": msgs}
 
 

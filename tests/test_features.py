@@ -519,10 +519,11 @@ def section_bad_inputs(comm, fail):
 
 
 def section_small_all_reduce(comm, fail):
-    """The latency path of small synchronous all_reduce calls (comm/latency_path.cpp):
-    every rank gets the same bits (inputs folded in rank order), at the size limit and
-    one element past it, and a rank whose call is queued behind an async one (the
-    general path) runs it together with ranks on the latency path."""
+    """Small synchronous all_reduce calls, run inline by the calling thread (the
+    cached one-shot plan, Communicator::submit): every rank gets the same bits (inputs
+    folded in rank order), at the size limit and one element past it, and a rank whose
+    call is queued behind an async one (run by the worker or the waiting thread) runs
+    the same plan together with ranks that run it inline."""
     import ringcomm
 
     r, ws = comm.rank, comm.world_size

@@ -1,22 +1,24 @@
-"""The plan cache (csrc/comm/plan_cache.h): a repeated call's plan is re-based from the
-cache instead of planned again, and must be the plan planned afresh, step for step.
+"""The plan cache (csrc/comm/plan_cache.h): a repeated call's plan comes from the cache
+instead of being planned again, and must be the plan planned afresh, step for step.
 
-The first half drives the native checker (csrc/testing/plan_cache_check.h: one rank's cache
-over fake buffers, never read or written, each plan it hands out compared with
-plan_call's fresh one) over every op, schedule family, world size 1-9, rank, count, root,
-ring order and in-place form, moving the buffers between calls as a training loop's
-fresh tensors move; and checks which calls hit, miss or are never kept. No process is
-spawned for it.
+Plans name the call's buffers by id and offset (csrc/algo/step.h), so a kept plan is run
+as it stands on every later call's buffers. The first half drives the native checker
+(csrc/testing/plan_cache_check.h: one rank's cache, each plan it hands out compared with
+plan_call's fresh one) over every op, schedule family, world size 1-9, rank, count,
+root, ring order and buffer form (present or absent, in place or not), and checks which
+calls hit or miss. No process is spawned for it.
 
 The second half runs the collective matrix (every primitive, op, count, root and
 in-place form; one dtype per element size) twice on spawned ranks (world sizes 1-5, the
 harness's hard timeouts) with the cache on, against numpy references, and reads the
-communicators' counters: with room for every signature the second pass is all hits;
-with the default 64 plans, plans are evicted and the results stay right. With
-RINGCOMM_PLAN_CACHE=0 nothing is counted and the results are the same."""
+communicators' counters: with room for every signature the second pass is all hits (kept
+plans run on the fresh buffers of the second pass); with the default 64 plans, plans are
+evicted and the results stay right. With RINGCOMM_PLAN_CACHE=0 nothing is counted and the
+results are the same."""
 
 import random
 
+import numpy as np
 import pytest
 
 import checks
@@ -33,26 +35,15 @@ FAMILIES = {
     "scatter": ["auto", "pull"],
     "gather": ["auto", "pull"],
     "all_to_all": ["auto", "pull"],
+    "barrier": ["auto"],
 }
 ROOTED = {"broadcast", "reduce", "scatter", "gather"}
 IN_PLACE = {"reduce_scatter", "all_gather", "scatter", "gather"}
 WORLDS = range(1, 10)
-GB = 1 << 30
 
 
 def _counts(world):
     return sorted({0, 1, world - 1, 37, world * SLICE * 3 + 5})
-
-
-def _layouts():
-    """Buffer addresses (out, in, scratch) of three calls: far apart; moved by odd
-    amounts (a fresh tensor's address is anything); adjacent (in right after out)."""
-    base = 0x7f00_0000_0000
-    return [
-        (base, base + 64 * GB, base + 128 * GB),
-        (base + 7 * GB + 4100, base + 80 * GB + 12, base + 3 * GB + 68),
-        (base + 200 * GB, base + 200 * GB + 8 * GB, base + 200 * GB + 24 * GB),
-    ]
 
 
 def _ring(world, shuffled):
@@ -68,17 +59,18 @@ def _hosts(world):
     return [0 if r < (world + 1) // 2 else 1 for r in range(world)]
 
 
-def _buffers(op, rank, root, layout, in_place):
-    """(out, in_) for the call as the communicator passes them: absent where the op has
-    no such buffer on this rank, the in-place form derived by the checker."""
-    out, inp, scratch = layout
-    if op in ("all_reduce", "broadcast", "reduce"):
-        inp = 0
+def _buffers(op, rank, root):
+    """(has_out, has_in) for the call as the communicator passes it."""
+    has_out, has_in = True, True
+    if op in ("all_reduce", "broadcast", "reduce", "barrier"):
+        has_in = False
+    if op == "barrier":
+        has_out = False
     if op == "scatter" and rank != root:
-        inp = 0
+        has_in = False
     if op == "gather" and rank != root:
-        out = 0
-    return out, inp, scratch
+        has_out = False
+    return has_out, has_in
 
 
 def _cases(op, world, rank):
@@ -88,7 +80,7 @@ def _cases(op, world, rank):
         if op in IN_PLACE and (op not in ("scatter", "gather") or rank == root):
             forms.append(True)
         for in_place in forms:
-            for count in _counts(world):
+            for count in (_counts(world) if op != "barrier" else [0]):
                 if op == "all_to_all":
                     count *= world
                 yield root, in_place, count
@@ -96,6 +88,8 @@ def _cases(op, world, rank):
 
 @pytest.mark.parametrize("op", sorted(FAMILIES))
 def test_every_cached_plan_is_the_fresh_plan(op):
+    """Each call twice: a miss that keeps the plan, then a hit; both the fresh plan. Pull
+    plans are kept too (they name the address table by id and publish the run's address)."""
     checked = hits = 0
     for algo in FAMILIES[op]:
         for world in WORLDS:
@@ -107,27 +101,21 @@ def test_every_cached_plan_is_the_fresh_plan(op):
                 for rank in range(world):
                     ch = _C_testing.PlanCacheChecker(rank, world, capacity=4096, ring=ring, hosts=hosts, slice_elems=SLICE)
                     for root, in_place, count in _cases(op, world, rank):
-                        for i, layout in enumerate(_layouts()):
-                            out, inp, scratch = _buffers(op, rank, root, layout, in_place)
+                        has_out, has_in = _buffers(op, rank, root)
+                        # Empty buffers never overlap: count 0 has one form.
+                        seen = in_place and count == 0
+                        for i in range(2):
                             what = (f"{op} algo={algo} world={world} rank={rank} ring={ring} root={root} "
                                     f"count={count} in_place={in_place} call {i + 1}")
                             res = ch.plan(op, algo, count=count, elem_size=4, root=root, avg=op != "reduce",
-                                          out=out, in_=inp, scratch=scratch, in_place=in_place)
+                                          has_out=has_out, has_in=has_in, in_place=in_place)
                             assert res["mismatch"] == "", f"{what}: {res['mismatch']}"
-                            if algo == "pull":
-                                assert not res["kept"] and not res["hit"], f"{what}: a pull plan was kept"
-                            else:
-                                assert res["kept"], f"{what}: the plan was not kept"
-                                # Empty buffers never overlap: count 0 has one form.
-                                again = i > 0 or (in_place and count == 0)
-                                assert res["hit"] == again, f"{what}: hit={res['hit']}"
+                            assert res["kept"], f"{what}: the plan was not kept"
+                            assert res["hit"] == (i > 0 or seen), f"{what}: hit={res['hit']}"
                             checked += 1
                             hits += res["hit"]
-                    stats = ch.stats()
-                    assert stats["evictions"] == 0
-                    if algo == "pull":
-                        assert stats["hits"] == stats["misses"] == stats["entries"] == 0
-    assert checked > 100 and hits > checked // 4
+                    assert ch.stats()["evictions"] == 0
+    assert checked > 20 and hits >= checked // 2
 
 
 def _checker(**kw):
@@ -135,20 +123,19 @@ def _checker(**kw):
     return _C_testing.PlanCacheChecker(1, 4, **kw)
 
 
-def _plan(ch, op, layout=0, **kw):
-    out, inp, scratch = _layouts()[layout]
+def _plan(ch, op, **kw):
     if op in ("all_reduce", "broadcast", "reduce"):
-        inp = 0
-    res = ch.plan(op, out=out, in_=inp, scratch=scratch, **kw)
+        kw.setdefault("has_in", False)
+    res = ch.plan(op, **kw)
     assert res["mismatch"] == "", f"{op} {kw}: {res['mismatch']}"
     return res
 
 
-def test_a_repeated_call_hits_whatever_its_buffers():
+def test_a_repeated_call_hits():
     ch = _checker()
-    assert not _plan(ch, "all_reduce", 0, algo="ring", count=1000)["hit"]
-    for layout in (1, 2, 0):
-        assert _plan(ch, "all_reduce", layout, algo="ring", count=1000)["hit"]
+    assert not _plan(ch, "all_reduce", algo="ring", count=1000)["hit"]
+    for _ in range(3):
+        assert _plan(ch, "all_reduce", algo="ring", count=1000)["hit"]
     assert ch.stats() == {"hits": 3, "misses": 1, "uncached": 0, "evictions": 0, "entries": 1,
                           "steps": ch.stats()["steps"], "capacity": 64}
     assert ch.stats()["steps"] > 0
@@ -161,77 +148,74 @@ def test_a_repeated_call_hits_whatever_its_buffers():
 def test_a_changed_signature_misses(change):
     ch = _checker(hosts=[0, 0, 1, 1])
     base = {"algo": "ring", "count": 1000, "elem_size": 4, "avg": False}
-    _plan(ch, "all_reduce", 0, **base)
-    assert not _plan(ch, "all_reduce", 1, **{**base, **change})["hit"], change
+    _plan(ch, "all_reduce", **base)
+    assert not _plan(ch, "all_reduce", **{**base, **change})["hit"], change
     # Both are kept: each repeats as a hit.
-    assert _plan(ch, "all_reduce", 2, **base)["hit"]
-    assert _plan(ch, "all_reduce", 2, **{**base, **change})["hit"]
-
-
-def test_the_element_type_is_not_part_of_the_signature():
-    """int32 and float32 calls share a plan (plan_call sees only the element size);
-    the checker compares it with the fresh plan anyway."""
-    ch = _checker()
-    _plan(ch, "all_reduce", 0, algo="ring", count=100, elem_size=4)
-    assert _plan(ch, "all_reduce", 1, algo="ring", count=100, elem_size=4)["hit"]
+    assert _plan(ch, "all_reduce", **base)["hit"]
+    assert _plan(ch, "all_reduce", **{**base, **change})["hit"]
 
 
 @pytest.mark.parametrize("op", ["broadcast", "reduce", "scatter", "gather"])
 def test_roots_do_not_share_plans(op):
     ch = _checker()
-    inp = 0 if op in ("broadcast", "reduce") else _layouts()[0][1]
-    out = _layouts()[0][0]
-    for root in range(4):
-        o = 0 if op == "gather" and root != 1 else out
-        i = 0 if op == "scatter" and root != 1 else inp
-        res = ch.plan(op, count=50, root=root, out=o, in_=i, scratch=_layouts()[0][2])
-        assert res["mismatch"] == "" and not res["hit"], (root, res)
-    for root in range(4):
-        o = 0 if op == "gather" and root != 1 else out + 4096
-        i = 0 if op == "scatter" and root != 1 else (inp and inp + 8)
-        res = ch.plan(op, count=50, root=root, out=o, in_=i, scratch=_layouts()[1][2])
-        assert res["mismatch"] == "" and res["hit"], (root, res)
+    for again in (False, True):
+        for root in range(4):
+            has_out = not (op == "gather" and root != 1)
+            has_in = op in ("scatter", "gather") and not (op == "scatter" and root != 1)
+            res = ch.plan(op, count=50, root=root, has_out=has_out, has_in=has_in)
+            assert res["mismatch"] == "" and res["hit"] == again, (root, res)
 
 
-@pytest.mark.parametrize("op", ["reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_gather", "scatter", "gather"])
 def test_in_place_and_out_of_place_do_not_collide(op):
     """The in-place form skips this rank's own copy (the block is already there): a plan
     of one form handed to the other would copy a block onto itself or leave it out."""
     ch = _checker()
-    a = _plan(ch, op, 0, count=40, in_place=False)
-    b = _plan(ch, op, 0, count=40, in_place=True)
+    kw = {"root": 1} if op in ("scatter", "gather") else {}
+    a = _plan(ch, op, count=40, in_place=False, **kw)
+    b = _plan(ch, op, count=40, in_place=True, **kw)
     assert not a["hit"] and not b["hit"]
     assert ch.stats()["entries"] == 2
-    for layout in (1, 2):
-        assert _plan(ch, op, layout, count=40, in_place=False)["hit"]
-        assert _plan(ch, op, layout, count=40, in_place=True)["hit"]
-    if op == "all_gather":  # (the ring reduce_scatter's two forms happen to plan alike)
+    for _ in range(2):
+        assert _plan(ch, op, count=40, in_place=False, **kw)["hit"]
+        assert _plan(ch, op, count=40, in_place=True, **kw)["hit"]
+    if op != "reduce_scatter":  # (the ring reduce_scatter's two forms happen to plan alike)
         fresh = _C_testing.PlanCacheChecker(1, 4, capacity=0, slice_elems=SLICE)
-        out, inp, scratch = _layouts()[0]
-        steps = [fresh.plan(op, count=40, out=out, in_=inp, scratch=scratch, in_place=f)["steps"]
-                 for f in (False, True)]
+        steps = [fresh.plan(op, count=40, in_place=f, **kw)["steps"] for f in (False, True)]
         assert steps[0] != steps[1], "the two forms plan alike: this test would not see them collide"
+
+
+def test_barrier_is_planned_and_kept():
+    """The barrier goes through plan_call and the cache like every other call."""
+    for world in (1, 2, 5, 8):
+        ch = _C_testing.PlanCacheChecker(0, world, slice_elems=SLICE)
+        first = ch.plan("barrier", has_out=False, has_in=False)
+        again = ch.plan("barrier", has_out=False, has_in=False)
+        assert first["mismatch"] == again["mismatch"] == ""
+        assert not first["hit"] and again["hit"] and first["kept"]
+        # log2(world) rounds of send, recv, fence.
+        assert first["steps"] == 3 * (world - 1).bit_length(), (world, first)
 
 
 def test_the_least_recently_used_plan_goes_first():
     ch = _checker(capacity=3)
     for n in (10, 20, 30):
-        _plan(ch, "all_reduce", 0, algo="ring", count=n)
-    assert _plan(ch, "all_reduce", 1, algo="ring", count=10)["hit"]  # 10 is now the most recent
-    _plan(ch, "all_reduce", 0, algo="ring", count=40)  # evicts 20
+        _plan(ch, "all_reduce", algo="ring", count=n)
+    assert _plan(ch, "all_reduce", algo="ring", count=10)["hit"]  # 10 is now the most recent
+    _plan(ch, "all_reduce", algo="ring", count=40)  # evicts 20
     s = ch.stats()
     assert (s["entries"], s["evictions"]) == (3, 1)
-    assert _plan(ch, "all_reduce", 2, algo="ring", count=10)["hit"]
-    assert _plan(ch, "all_reduce", 2, algo="ring", count=30)["hit"]
-    assert not _plan(ch, "all_reduce", 2, algo="ring", count=20)["hit"]
+    assert _plan(ch, "all_reduce", algo="ring", count=10)["hit"]
+    assert _plan(ch, "all_reduce", algo="ring", count=30)["hit"]
+    assert not _plan(ch, "all_reduce", algo="ring", count=20)["hit"]
 
 
 def test_the_step_budget_bounds_the_cache():
     ch = _checker(max_steps=200)
-    big = _plan(ch, "all_reduce", 0, algo="ring", count=100000)
+    big = _plan(ch, "all_reduce", algo="ring", count=100000)
     assert big["steps"] > 200 and not big["kept"]
-    assert not _plan(ch, "all_reduce", 1, algo="ring", count=100000)["hit"]  # planned afresh every time
-    small = [_plan(ch, "all_reduce", 0, algo="ring", count=n) for n in (1000, 1500, 1700, 500)]
+    assert not _plan(ch, "all_reduce", algo="ring", count=100000)["hit"]  # planned afresh every time
+    small = [_plan(ch, "all_reduce", algo="ring", count=n) for n in (1000, 1500, 1700, 500)]
     assert all(r["kept"] for r in small)
     s = ch.stats()
     assert s["steps"] <= 200 and s["evictions"] > 0 and s["uncached"] == 2
@@ -239,48 +223,33 @@ def test_the_step_budget_bounds_the_cache():
 
 def test_capacity_zero_turns_the_cache_off():
     ch = _checker(capacity=0)
-    for layout in (0, 1, 0):
-        res = _plan(ch, "all_reduce", layout, algo="ring", count=1000)
+    for _ in range(3):
+        res = _plan(ch, "all_reduce", algo="ring", count=1000)
         assert not res["hit"] and not res["kept"]
     assert ch.stats() == {"hits": 0, "misses": 0, "uncached": 0, "evictions": 0, "entries": 0, "steps": 0,
                           "capacity": 0}
 
 
-def test_after_is_shifted_past_the_steps_already_planned():
-    """Tree and recursive doubling steps wait for earlier ones (`after`, an index into
-    the schedule); appended after other steps, a kept plan's indices move with it."""
-    for op, algo in (("broadcast", "tree"), ("all_reduce", "recursive_doubling")):
-        for rank in range(5):
-            ch = _C_testing.PlanCacheChecker(rank, 5, slice_elems=SLICE)
-            kw = {"root": 0} if op == "broadcast" else {}
-            out, _, scratch = _layouts()[0]
-            for prefix in (0, 7, 3):
-                res = ch.plan(op, algo, count=64, out=out, scratch=scratch, prefix=prefix, **kw)
-                assert res["mismatch"] == "", (op, rank, prefix, res["mismatch"])
-            assert ch.stats()["hits"] == 2
-
-
-@pytest.mark.parametrize("field", ["dst", "src", "nbytes", "tag", "after"])
+@pytest.mark.parametrize("field", ["dst", "src", "nbytes", "after"])
 def test_the_checker_sees_a_wrong_plan(field):
     """The comparison can fail: a kept plan changed in one field is reported, naming
-    the step and the field (a re-base onto the wrong buffer, a stale header, ...)."""
+    the step and the field."""
     ch = _checker()
-    out, _, scratch = _layouts()[0]
-    args = dict(op="all_reduce", algo="ring", count=1000, scratch=scratch)
-    assert ch.plan(out=out, **args)["steps"] > 5
-    res = ch.plan(out=out + 4096, tamper=(5, field), **args)
+    args = dict(op="all_reduce", algo="ring", count=1000, has_in=False)
+    assert ch.plan(**args)["steps"] > 5
+    res = ch.plan(tamper=(5, field), **args)
     assert res["hit"]
     assert res["mismatch"].startswith(f"step 5: {field} is "), res["mismatch"]
-    assert ch.plan(out=out + 8192, **args)["mismatch"] == ""  # the cache's copy was not changed
+    assert ch.plan(**args)["mismatch"] == ""  # the cache's copy was not changed
 
 
 def test_checker_refuses_bad_calls():
     with pytest.raises(ValueError, match="root"):
-        _checker().plan("broadcast", count=4, root=4, out=1 << 40)
-    with pytest.raises(ValueError, match="unknown collective"):
-        _checker().plan("barrier")
+        _checker().plan("broadcast", count=4, root=4)
     with pytest.raises(ValueError):
         _checker().plan("scatter", algo="bruck")
+    with pytest.raises(ValueError, match="in-place"):
+        _checker().plan("all_reduce", count=4, has_in=False, in_place=True)
     with pytest.raises(ValueError, match="permutation"):
         _C_testing.PlanCacheChecker(0, 3, ring=[0, 1, 1])
 
@@ -301,9 +270,8 @@ def _twice(comm):
 
 
 def _stats_failures(results, capacity, exact):
-    """`exact`: every call of the matrix is planned (no latency path taken by some
-    and not others, as timing decides), and the cache holds them all, so the second
-    pass plans the same calls and every one hits."""
+    """`exact`: the cache holds every signature of the matrix, so the second pass
+    plans the same calls and every one hits."""
     failures = []
     for rank, (_, s1, s2, _) in enumerate(results):
         planned_first = s1["hits"] + s1["misses"] + s1["uncached"]
@@ -338,9 +306,9 @@ def _run_twice(world_size, env, exact=True, hard_timeout=240):
     return results
 
 
-# The small synchronous all_reduce's latency path plans nothing, and whether a call
-# takes it depends on timing (not behind a queued call): off, for exact counts.
-EXACT = {"RINGCOMM_PLAN_CACHE": "4096", "RINGCOMM_ONESHOT_MAX_BYTES": "0"}
+# Every call is planned, the small synchronous all_reduce run inline included (its
+# one-shot plan comes from the cache like any other).
+EXACT = {"RINGCOMM_PLAN_CACHE": "4096"}
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
@@ -359,7 +327,7 @@ def test_matrix_with_forced_families_twice():
 
 def test_matrix_twice_with_default_tuning():
     """The default cache (64 plans, fewer than the matrix's signatures: plans are
-    evicted and planned again) and the latency path on: results right, hits."""
+    evicted and planned again): results right, hits."""
     results = _run_twice(4, {}, exact=False)
     assert all(r[2]["evictions"] > 0 and r[2]["entries"] == 64 for r in results), [r[2] for r in results]
 
@@ -368,13 +336,70 @@ def test_matrix_with_the_cache_off():
     _run_twice(3, {"RINGCOMM_PLAN_CACHE": "0"}, exact=False)
 
 
-def test_pull_plans_are_planned_afresh():
-    """Pull schedules are never kept (their planning writes this rank's address into
-    the table the peers read): every planned call uncached, the results right."""
-    results = harness.run_ranks(_twice, 2, env={"RINGCOMM_ALGO": "pull", "RINGCOMM_PULL_MIN_BYTES": "1"},
+def test_pull_plans_are_kept():
+    """Pull schedules are kept like the others (their steps name the address table by
+    id; the address each run publishes is that run's buffer's): the second pass hits,
+    the results right on its fresh buffers."""
+    results = harness.run_ranks(_twice, 2, env={"RINGCOMM_ALGO": "pull", "RINGCOMM_PULL_MIN_BYTES": "1",
+                                                "RINGCOMM_PLAN_CACHE": "4096"},
                                 comm_timeout=30.0, hard_timeout=240)
     harness.assert_no_failures([r[0] for r in results])
     if not all(r[3] for r in results):
         pytest.skip("single-copy pulls are not available here (cross-memory attach)")
-    for rank, (_, _, s2, _) in enumerate(results):
-        assert s2["uncached"] > 0 and s2["hits"] == s2["misses"] == s2["entries"] == 0, (rank, s2)
+    failures = _stats_failures(results, 4096, True)
+    assert not failures, "\n".join(failures)
+
+
+def _kept_plans_on_fresh_buffers(comm):
+    """One signature, run on different buffers each time (the kept plan resolves them
+    per run); in place and out of place; the barrier; async calls queued in front of a
+    small synchronous all_reduce (the worker runs the queue; the same one-shot plan)."""
+    n, r = comm.world_size, comm.rank
+    fails = []
+    s0 = comm.plan_cache_stats()
+    for i in range(4):
+        x = np.full(33, r + i, np.float32)
+        comm.all_reduce(x)
+        if not (x == n * i + n * (n - 1) / 2).all():
+            fails.append(f"all_reduce call {i}: {x[:4]}")
+    s1 = comm.plan_cache_stats()
+    if s1["hits"] - s0["hits"] < 3:
+        fails.append(f"all_reduce on fresh buffers did not hit: {s0} then {s1}")
+    for i in range(3):
+        # Out of place, then in place (input = this rank's block of the output).
+        out = np.zeros(5 * n, np.int32)
+        comm.all_gather(out, np.full(5, 10 * r + i, np.int32))
+        exp = np.repeat(np.arange(n, dtype=np.int32) * 10 + i, 5)
+        if not (out == exp).all():
+            fails.append(f"all_gather out of place, call {i}: {out}")
+        buf = np.full(5 * n, -1, np.int32)
+        buf[5 * r:5 * r + 5] = 10 * r + i
+        comm.all_gather(buf, buf[5 * r:5 * r + 5])
+        if not (buf == exp).all():
+            fails.append(f"all_gather in place, call {i}: {buf}")
+    s2 = comm.plan_cache_stats()
+    comm.barrier()
+    comm.barrier()
+    s3 = comm.plan_cache_stats()
+    if s3["hits"] - s2["hits"] != 1 or s3["misses"] - s2["misses"] != 1:
+        fails.append(f"two barriers: not one miss then one hit: {s2} then {s3}")
+    for it in range(3):
+        a = np.full(1000, r + it, np.float64)
+        b = np.full(2, 2 * r + it, np.int32)
+        if r == 0:
+            w = comm.all_reduce(a, async_op=True)  # rank 0's next call queues behind it
+            comm.all_reduce(b)
+            w.wait()
+        else:
+            comm.all_reduce(a)
+            comm.all_reduce(b)
+        if not (a == n * it + n * (n - 1) / 2).all() or not (b == n * (n - 1) + n * it).all():
+            fails.append(f"queued and inline calls, round {it}: {a[:3]}, {b}")
+    return fails
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_kept_plans_run_on_fresh_buffers(world_size):
+    results = harness.run_ranks(_kept_plans_on_fresh_buffers, world_size, env={}, comm_timeout=30.0,
+                                hard_timeout=120)
+    harness.assert_no_failures(results)

@@ -19,7 +19,7 @@
 
 namespace ringcomm {
 
-void bruck_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank) {
+void bruck_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank) {
   const int n = c.world, r = c.rank;
   const size_t bytes = count_per_rank * c.elem;
   push_copy(c, in, out + r * bytes, bytes);

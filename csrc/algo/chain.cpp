@@ -26,13 +26,12 @@ int position_of(const PlanContext& c, int rank) {
 
 }  // namespace
 
-void chain_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
+void chain_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes) {
   const int n = c.world, r = ring_position(c);
   if (n == 1) return;
   const int root_pos = c.ring ? position_of(c, root) : root;
   const int pos = mod(r - root_pos, n);
   Step s{};
-  s.tag = c.tag;
   s.nbytes = nbytes;
   if (pos == 0) {
     s.kind = StepKind::kSend;
@@ -51,13 +50,12 @@ void chain_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
   push_step(c, s);
 }
 
-void chain_reduce(const PlanContext& c, int root, char* buf, size_t count, bool avg) {
+void chain_reduce(const PlanContext& c, int root, BufRef buf, size_t count, bool avg) {
   const int n = c.world, r = ring_position(c);
   if (n == 1) return;
   const int root_pos = c.ring ? position_of(c, root) : root;
   const int pos = mod(r - root_pos - 1, n);  // the root's successor starts (0), the root ends (n-1)
   Step s{};
-  s.tag = c.tag;
   s.nbytes = count * c.elem;
   s.src = buf;
   if (pos == 0) {

@@ -9,7 +9,7 @@
 
 namespace ringcomm {
 
-void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg) {
+void oneshot_all_reduce(const PlanContext& c, BufRef buf, size_t count, BufRef scratch, bool avg) {
   const int n = c.world, r = c.rank;
   if (n == 1) return;
   const size_t bytes = count * c.elem;
@@ -21,7 +21,7 @@ void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scr
   // Fold inputs 0..n-1 in rank order. On rank 0 the accumulator is buf itself;
   // elsewhere it is scratch slot 0 until the last fold writes buf (buf, the own
   // input, is read at fold r before it is overwritten at fold n-1 >= r).
-  const char* acc = r == 0 ? buf : scratch;
+  BufRef acc = r == 0 ? buf : scratch;
   for (int p = 1; p < n; ++p) {
     Step s = make_step(StepKind::kLocalReduce, c);
     s.src = acc;
@@ -34,7 +34,7 @@ void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scr
   }
 }
 
-void direct_scatter(const PlanContext& c, int root, const char* in, char* out, size_t nbytes) {
+void direct_scatter(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes) {
   const int n = c.world, r = c.rank;
   if (r != root) {
     push_recv(c, root, out, nbytes);
@@ -47,7 +47,7 @@ void direct_scatter(const PlanContext& c, int root, const char* in, char* out, s
   push_copy(c, in + r * nbytes, out, nbytes);
 }
 
-void direct_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes) {
+void direct_gather(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes) {
   const int n = c.world, r = c.rank;
   if (r != root) {
     push_send(c, root, in, nbytes);
@@ -60,7 +60,7 @@ void direct_gather(const PlanContext& c, int root, const char* in, char* out, si
   push_copy(c, in, out + r * nbytes, nbytes);
 }
 
-void pairwise_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes) {
+void pairwise_all_to_all(const PlanContext& c, BufRef in, BufRef out, size_t nbytes) {
   const int n = c.world, r = c.rank;
   for (int i = 1; i < n; ++i) {
     push_send(c, mod(r + i, n), in + mod(r + i, n) * nbytes, nbytes);
@@ -75,19 +75,19 @@ void pairwise_all_to_all(const PlanContext& c, const char* in, char* out, size_t
 // the round's send never reads what its receive writes. A minimum does not
 // mind counting a rank twice (non-powers of two), so after ceil(log2 n)
 // rounds every rank holds the minimum over all ranks.
-uint64_t* dissemination_agreement(const PlanContext& c, uint64_t* state) {
+BufRef dissemination_agreement(const PlanContext& c, BufRef state) {
   const int n = c.world, r = c.rank;
+  constexpr size_t kPair = 2 * sizeof(uint64_t);
   int cur = 0;
   for (int d = 1; d < n; d *= 2) {
-    uint64_t* mine = state + 2 * cur;
-    uint64_t* next = state + 2 * (1 - cur);
-    push_send(c, mod(r + d, n), mine, 2 * sizeof(uint64_t));
-    push_recv_reduce(c, mod(r - d, n), reinterpret_cast<const char*>(mine), reinterpret_cast<char*>(next),
-                     2 * sizeof(uint64_t));
+    BufRef mine = state + kPair * cur;
+    BufRef next = state + kPair * (1 - cur);
+    push_send(c, mod(r + d, n), mine, kPair);
+    push_recv_reduce(c, mod(r - d, n), mine, next, kPair);
     push_fence(c);
     cur = 1 - cur;
   }
-  return state + 2 * cur;
+  return state + kPair * cur;
 }
 
 // The dissemination barrier (Hensgen, Finkel and Manber 1988): in round k
@@ -104,11 +104,11 @@ void dissemination_barrier(const PlanContext& c) {
   }
 }
 
-void p2p_send(const PlanContext& c, int peer, const char* buf, size_t nbytes) {
+void p2p_send(const PlanContext& c, int peer, BufRef buf, size_t nbytes) {
   push_send(c, peer, buf, nbytes);
 }
 
-void p2p_recv(const PlanContext& c, int peer, char* buf, size_t nbytes) {
+void p2p_recv(const PlanContext& c, int peer, BufRef buf, size_t nbytes) {
   push_recv(c, peer, buf, nbytes);
 }
 

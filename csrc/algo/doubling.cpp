@@ -36,7 +36,7 @@ namespace {
 // Folds ranks 0..2*rem-1 in pairs (evens send to odds and sit out); returns
 // this rank's new rank, or -1 for a rank that sits out (its steps, including
 // receiving the result, are pushed).
-int fold_in_pairs(const PlanContext& c, char* buf, size_t bytes, char* scratch, int rem) {
+int fold_in_pairs(const PlanContext& c, BufRef buf, size_t bytes, BufRef scratch, int rem) {
   const int r = c.rank;
   if (r >= 2 * rem) return r - rem;
   if (r % 2 == 0) {
@@ -53,7 +53,7 @@ int fold_in_pairs(const PlanContext& c, char* buf, size_t bytes, char* scratch, 
 
 }  // namespace
 
-void rabenseifner_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg) {
+void rabenseifner_all_reduce(const PlanContext& c, BufRef buf, size_t count, BufRef scratch, bool avg) {
   const int n = c.world, r = c.rank;
   if (n == 1) return;
   const size_t elem = c.elem;
@@ -88,7 +88,7 @@ void rabenseifner_all_reduce(const PlanContext& c, char* buf, size_t count, char
   if (r < 2 * rem) push_send(c, r - 1, buf, count * elem);
 }
 
-void recursive_doubling_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg) {
+void recursive_doubling_all_reduce(const PlanContext& c, BufRef buf, size_t count, BufRef scratch, bool avg) {
   const int n = c.world, r = c.rank;
   if (n == 1) return;
   const size_t bytes = count * c.elem;

@@ -64,7 +64,7 @@ std::vector<int> leaders_of(const Topology& t, int root) {
 
 }  // namespace
 
-void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
+void hierarchical_all_reduce(const PlanContext& c, BufRef buf, size_t count, bool avg) {
   if (one_host(c)) {
     ring_all_reduce(c, buf, count, avg);  // one host: the hierarchy is the ring
     return;
@@ -134,7 +134,7 @@ Columns columns_of(const Topology& t) {
 
 }  // namespace
 
-void hierarchical_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank) {
+void hierarchical_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank) {
   if (one_host(c)) {
     ring_all_gather(c, in, out, count_per_rank);
     return;
@@ -182,8 +182,8 @@ void hierarchical_all_gather(const PlanContext& c, const char* in, char* out, si
 // (2) per column and round, an inter-host ring reduce-scatter of that
 // round's blocks (AVG divides here, once); (3) a column rank sends each
 // finished block past lmin to the rank it belongs to.
-void hierarchical_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
-                                 char* scratch, bool avg) {
+void hierarchical_reduce_scatter(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank,
+                                 BufRef scratch, bool avg) {
   if (one_host(c)) {
     ring_reduce_scatter(c, in, out, count_per_rank, avg);
     return;
@@ -222,7 +222,7 @@ void hierarchical_reduce_scatter(const PlanContext& c, const char* in, char* out
 }
 
 
-void hierarchical_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
+void hierarchical_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes) {
   if (one_host(c)) {
     tree_broadcast(c, root, buf, nbytes);
     return;
@@ -235,7 +235,7 @@ void hierarchical_broadcast(const PlanContext& c, int root, char* buf, size_t nb
   tree_broadcast(host_group(c), t.local_index[leaders[h]], buf, nbytes);
 }
 
-void hierarchical_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg) {
+void hierarchical_reduce(const PlanContext& c, int root, BufRef buf, size_t count, BufRef scratch, bool avg) {
   if (one_host(c)) {
     tree_reduce(c, root, buf, count, scratch, avg);
     return;
@@ -247,7 +247,7 @@ void hierarchical_reduce(const PlanContext& c, int root, char* buf, size_t count
   // into the leader's scratch (a rank that is not the root keeps its buf
   // as it was); then among the leaders, into the root's buf.
   const size_t bytes = count * c.elem;
-  char* partial = scratch + 2 * bytes;
+  BufRef partial = scratch + 2 * bytes;
   const bool root_here = c.rank == root;
   tree_reduce_from(host_group(c), t.local_index[leaders[h]], buf, root_here ? buf : partial, count, scratch, false);
   push_fence(c);

@@ -1,6 +1,7 @@
 // Pull schedules: single copy on one host. Instead of pushing data through
 // FIFO slots (copy in, copy out), a rank publishes the address of its buffer
-// and its peers read it directly (cross-memory attach). Every message left is
+// (a kPublish step: the address is the run's, the plan only names the
+// buffer) and its peers read it directly (cross-memory attach). Every message left is
 // a few bytes: addresses and "done" signals.
 //
 // all_reduce (n ranks, blocks as the ring cuts them):
@@ -22,28 +23,30 @@
 namespace ringcomm {
 namespace {
 
-// Sends this rank's address (c.addrs[rank]) to `to`; a peer's lands in c.addrs[peer].
-void send_address(const PlanContext& c, int to) { push_send(c, to, &c.addrs[c.rank], 8); }
-size_t recv_address(const PlanContext& c, int from) { return push_recv(c, from, &c.addrs[from], 8); }
+// Where `buf` lies this run, into this rank's entry of the address table.
+void publish(const PlanContext& c, BufRef buf) { push_publish(c, buf, addr_entry(c.rank)); }
+// Sends this rank's entry to `to`; a peer's lands in the peer's entry.
+void send_address(const PlanContext& c, int to) { push_send(c, to, addr_entry(c.rank), 8); }
+size_t recv_address(const PlanContext& c, int from) { return push_recv(c, from, addr_entry(from), 8); }
 
-size_t pull(const PlanContext& c, int peer, char* dst, uint64_t remote_offset, size_t n, size_t after) {
+size_t pull(const PlanContext& c, int peer, BufRef dst, uint64_t remote_offset, size_t n, size_t after) {
   Step s = make_step(StepKind::kPull, c);
   s.recv_peer = peer;
   s.dst = dst;
-  s.remote_base = &c.addrs[peer];
+  s.remote_base = addr_entry(peer);
   s.remote_offset = remote_offset;
   s.nbytes = n;
   s.after = after;
   return push_step(c, s);
 }
 
-size_t pull_reduce(const PlanContext& c, int peer, char* dst, const char* src, uint64_t remote_offset,
+size_t pull_reduce(const PlanContext& c, int peer, BufRef dst, BufRef src, uint64_t remote_offset,
                    size_t n, size_t after, bool divide) {
   Step s = make_step(StepKind::kPullReduce, c);
   s.recv_peer = peer;
   s.dst = dst;
   s.src = src;
-  s.remote_base = &c.addrs[peer];
+  s.remote_base = addr_entry(peer);
   s.remote_offset = remote_offset;
   s.nbytes = n;
   s.after = after;
@@ -82,13 +85,13 @@ std::vector<size_t> exchange_addresses_then_fence(const PlanContext& c) {
 
 }  // namespace
 
-void pull_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
+void pull_all_reduce(const PlanContext& c, BufRef buf, size_t count, bool avg) {
   const int n = c.world, r = c.rank;
   if (n == 1) return;
-  c.addrs[r] = reinterpret_cast<uint64_t>(buf);
+  publish(c, buf);
   std::vector<size_t> addr = exchange_addresses_then_fence(c);
   const Range mine = ring_block(count, n, r);
-  char* own = buf + mine.offset * c.elem;
+  BufRef own = buf + mine.offset * c.elem;
   for (int i = 1; i < n; ++i) {
     int p = mod(r + i, n);
     pull_reduce(c, p, own, own, mine.offset * c.elem, mine.count * c.elem, addr[p], avg && i == n - 1);
@@ -104,16 +107,16 @@ void pull_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
   all_done(c);
 }
 
-void pull_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank, bool avg) {
+void pull_reduce_scatter(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank, bool avg) {
   const int n = c.world, r = c.rank;
   const size_t bytes = count_per_rank * c.elem;
   if (n == 1) {
     push_copy(c, in, out, bytes);
     return;
   }
-  c.addrs[r] = reinterpret_cast<uint64_t>(in);
+  publish(c, in);
   std::vector<size_t> addr = exchange_addresses_then_fence(c);
-  const char* acc = in + r * bytes;
+  BufRef acc = in + r * bytes;
   for (int i = 1; i < n; ++i) {
     int p = mod(r + i, n);
     pull_reduce(c, p, out, acc, r * bytes, bytes, addr[p], avg && i == n - 1);
@@ -122,12 +125,12 @@ void pull_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
   all_done(c);
 }
 
-void pull_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank) {
+void pull_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank) {
   const int n = c.world, r = c.rank;
   const size_t bytes = count_per_rank * c.elem;
   push_copy(c, in, out + r * bytes, bytes);
   if (n == 1) return;
-  c.addrs[r] = reinterpret_cast<uint64_t>(in);
+  publish(c, in);
   std::vector<size_t> addr = exchange_addresses(c);
   for (int i = 1; i < n; ++i) {
     int p = mod(r - i, n);
@@ -136,11 +139,11 @@ void pull_all_gather(const PlanContext& c, const char* in, char* out, size_t cou
   all_done(c);
 }
 
-void pull_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
+void pull_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes) {
   const int n = c.world, r = c.rank;
   if (n == 1) return;
   if (r == root) {
-    c.addrs[r] = reinterpret_cast<uint64_t>(buf);
+    publish(c, buf);
     for (int i = 1; i < n; ++i) send_address(c, mod(r + i, n));
     for (int i = 1; i < n; ++i) push_recv(c, mod(r + i, n), nullptr, 0);
     return;
@@ -150,11 +153,11 @@ void pull_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
   push_send(c, root, nullptr, 0, got);
 }
 
-void pull_reduce_to_root(const PlanContext& c, int root, char* buf, size_t count, bool avg) {
+void pull_reduce_to_root(const PlanContext& c, int root, BufRef buf, size_t count, bool avg) {
   const int n = c.world, r = c.rank;
   if (n == 1) return;
   if (r != root) {
-    c.addrs[r] = reinterpret_cast<uint64_t>(buf);
+    publish(c, buf);
     send_address(c, root);
     push_recv(c, root, nullptr, 0);
     return;
@@ -170,10 +173,10 @@ void pull_reduce_to_root(const PlanContext& c, int root, char* buf, size_t count
   for (int i = 1; i < n; ++i) push_send(c, mod(r + i, n), nullptr, 0);
 }
 
-void pull_scatter(const PlanContext& c, int root, const char* in, char* out, size_t nbytes) {
+void pull_scatter(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes) {
   const int n = c.world, r = c.rank;
   if (r == root) {
-    c.addrs[r] = reinterpret_cast<uint64_t>(in);
+    publish(c, in);
     for (int i = 1; i < n; ++i) send_address(c, mod(r + i, n));
     push_copy(c, in + r * nbytes, out, nbytes);
     for (int i = 1; i < n; ++i) push_recv(c, mod(r + i, n), nullptr, 0);
@@ -184,10 +187,10 @@ void pull_scatter(const PlanContext& c, int root, const char* in, char* out, siz
   push_send(c, root, nullptr, 0, got);
 }
 
-void pull_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes) {
+void pull_gather(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes) {
   const int n = c.world, r = c.rank;
   if (r != root) {
-    c.addrs[r] = reinterpret_cast<uint64_t>(in);
+    publish(c, in);
     send_address(c, root);
     push_recv(c, root, nullptr, 0);
     return;
@@ -202,11 +205,11 @@ void pull_gather(const PlanContext& c, int root, const char* in, char* out, size
   for (int i = 1; i < n; ++i) push_send(c, mod(r + i, n), nullptr, 0);
 }
 
-void pull_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes) {
+void pull_all_to_all(const PlanContext& c, BufRef in, BufRef out, size_t nbytes) {
   const int n = c.world, r = c.rank;
   push_copy(c, in + r * nbytes, out + r * nbytes, nbytes);
   if (n == 1) return;
-  c.addrs[r] = reinterpret_cast<uint64_t>(in);
+  publish(c, in);
   std::vector<size_t> addr = exchange_addresses(c);
   for (int i = 1; i < n; ++i) {
     int p = mod(r - i, n);
@@ -218,15 +221,15 @@ void pull_all_to_all(const PlanContext& c, const char* in, char* out, size_t nby
 // Point to point: the "done reading" answer cannot travel in the FIFO back to
 // the sender (the peer's own sends share it, in an order only the peer's
 // program decides), so it goes through a per-pair counter instead.
-void pull_send(const PlanContext& c, int peer, const char* buf) {
-  c.addrs[c.rank] = reinterpret_cast<uint64_t>(buf);
+void pull_send(const PlanContext& c, int peer, BufRef buf) {
+  publish(c, buf);
   send_address(c, peer);
   Step s = make_step(StepKind::kAwaitPull, c);
   s.recv_peer = peer;
   push_step(c, s);
 }
 
-void pull_recv(const PlanContext& c, int peer, char* buf, size_t nbytes) {
+void pull_recv(const PlanContext& c, int peer, BufRef buf, size_t nbytes) {
   size_t a = recv_address(c, peer);
   size_t got = pull(c, peer, buf, 0, nbytes, a);
   Step s = make_step(StepKind::kAckPull, c);

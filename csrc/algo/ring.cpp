@@ -40,7 +40,7 @@ namespace ringcomm {
 // schedules: a few blocks and empty ones). `rs` runs the reduce-scatter
 // part, `ag` the all-gather part; both fused is the all-reduce above.
 template <class Block>
-void ring_in_place(const PlanContext& c, char* buf, Block block, size_t max_block, bool rs, bool ag, bool avg) {
+void ring_in_place(const PlanContext& c, BufRef buf, Block block, size_t max_block, bool rs, bool ag, bool avg) {
   const int n = c.world, r = ring_position(c), next = ring_rank(c, r + 1), prev = ring_rank(c, r - 1);
   if (n == 1) return;
   const size_t rounds = rounds_for(max_block, c.slice_elems);
@@ -77,22 +77,22 @@ void ring_in_place(const PlanContext& c, char* buf, Block block, size_t max_bloc
   }
 }
 
-void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg) {
+void ring_all_reduce(const PlanContext& c, BufRef buf, size_t count, bool avg) {
   const int n = c.world;
   ring_in_place(c, buf, [&](int q) { return ring_block(count, n, q); }, ring_block(count, n, 0).count, true, true, avg);
 }
 
-void ring_reduce_scatter_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block, bool avg) {
+void ring_reduce_scatter_blocks(const PlanContext& c, BufRef buf, const Range* blocks, size_t max_block, bool avg) {
   ring_in_place(c, buf, [&](int q) { return blocks[q]; }, max_block, true, false, avg);
 }
 
-void ring_all_gather_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block) {
+void ring_all_gather_blocks(const PlanContext& c, BufRef buf, const Range* blocks, size_t max_block) {
   ring_in_place(c, buf, [&](int q) { return blocks[q]; }, max_block, false, true, false);
 }
 
 // The reduce-scatter part alone: the input holds n blocks of count_per_rank
 // elements and the final block r goes to `out` (which may alias input block r).
-void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
+void ring_reduce_scatter(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank,
                          bool avg) {
   const int n = c.world, r = ring_position(c), next = ring_rank(c, r + 1), prev = ring_rank(c, r - 1);
   const size_t bytes = count_per_rank * c.elem;
@@ -114,7 +114,7 @@ void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t
 
 // The all-gather part alone: own input first goes to output block r (unless
 // the input already is that block), then the ring forwards every block.
-void ring_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank) {
+void ring_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank) {
   const int n = c.world, r = ring_position(c), next = ring_rank(c, r + 1), prev = ring_rank(c, r - 1);
   const size_t bytes = count_per_rank * c.elem;
   push_copy(c, in, out + c.rank * bytes, bytes);

@@ -1,5 +1,6 @@
 // Schedules: pure functions that append the Steps of one call to a Schedule.
-// They name peers by rank and buffers by pointer; they never see a transport.
+// They name peers by rank and buffers by BufRef (algo/step.h: which of the
+// call's buffers, and where in it); they never see a transport or an address.
 #pragma once
 
 #include <cstddef>
@@ -29,11 +30,7 @@ struct PlanContext {
   int world;
   size_t elem;         // bytes per element
   size_t slice_elems;  // ring schedules: elements of each block moved per round
-  const MsgTag* tag;   // header every message of the call carries
   Schedule* out;
-  // Pull schedules: world entries; this rank's own published address goes in
-  // addrs[rank], each peer's arrives in addrs[peer].
-  uint64_t* addrs = nullptr;
   // Ring and chain schedules: the ring's order (position -> rank, world
   // entries) and this rank's position in it; null: rank order. Ranks of one
   // host sit next to each other, so that only one link per host boundary
@@ -57,86 +54,92 @@ inline int ring_rank(const PlanContext& c, int pos) {
 }
 inline int ring_position(const PlanContext& c) { return c.ring ? c.ring_pos : c.rank; }
 
+// Pull schedules: rank r's entry of the address table (kAddrs, world
+// entries): this rank publishes its own address in its entry, each peer's
+// arrives in the peer's.
+inline BufRef addr_entry(int r) { return {kAddrs, static_cast<uint64_t>(r) * sizeof(uint64_t)}; }
+
 // Ring (bandwidth optimal, 2(n-1) steps per round).
-void ring_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
-void ring_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
+void ring_all_reduce(const PlanContext& c, BufRef buf, size_t count, bool avg);
+void ring_reduce_scatter(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank,
                          bool avg);
-void ring_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);
+void ring_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank);
 
 // The ring's two parts in place over any block layout (position q of the
 // ring finishes blocks[q], n entries; max_block: the largest count).
-void ring_reduce_scatter_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block,
+void ring_reduce_scatter_blocks(const PlanContext& c, BufRef buf, const Range* blocks, size_t max_block,
                                 bool avg = false);
-void ring_all_gather_blocks(const PlanContext& c, char* buf, const Range* blocks, size_t max_block);
+void ring_all_gather_blocks(const PlanContext& c, BufRef buf, const Range* blocks, size_t max_block);
 
 // Hierarchical all-reduce over c.topo (algo/hierarchical.cpp): intra-host
 // reduce-scatter, inter-host ring all-reduce among the ranks of equal local
 // index (all at once), intra-host all-gather; any ranks per host.
-void hierarchical_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
+void hierarchical_all_reduce(const PlanContext& c, BufRef buf, size_t count, bool avg);
 // Any hosts: inter-host rings per column of local indices and intra-host
 // rings per host, in ceil(max_local / min_local) rounds (see
 // algo/hierarchical.cpp); the reduce-scatter's `scratch` holds the input
 // (world * count_per_rank elements).
-void hierarchical_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);
-void hierarchical_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank,
-                                 char* scratch, bool avg);
+void hierarchical_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank);
+void hierarchical_reduce_scatter(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank,
+                                 BufRef scratch, bool avg);
 // Trees of trees: a binomial tree among one rank per host (the root on its
 // host, the lowest rank on the others), then one inside every host; the
 // reduce runs the other way. The reduce's `scratch` holds 3 * count elements.
-void hierarchical_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
-void hierarchical_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg);
+void hierarchical_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes);
+void hierarchical_reduce(const PlanContext& c, int root, BufRef buf, size_t count, BufRef scratch, bool avg);
 
 // One shot (latency optimal for small messages): every rank receives every
 // input and reduces them itself in rank order, so all ranks get the same bits.
 // `scratch` holds world * count elements.
-void oneshot_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg);
+void oneshot_all_reduce(const PlanContext& c, BufRef buf, size_t count, BufRef scratch, bool avg);
 
 // Recursive doubling (latency optimal: log2 p whole-buffer exchanges, with the
 // fix-up for non-powers of two); `scratch` holds count elements.
-void recursive_doubling_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg);
+void recursive_doubling_all_reduce(const PlanContext& c, BufRef buf, size_t count, BufRef scratch, bool avg);
 // Rabenseifner (reduce-scatter by recursive halving, all-gather by recursive
 // doubling: bandwidth-lean for medium messages); `scratch` holds count elements.
-void rabenseifner_all_reduce(const PlanContext& c, char* buf, size_t count, char* scratch, bool avg);
+void rabenseifner_all_reduce(const PlanContext& c, BufRef buf, size_t count, BufRef scratch, bool avg);
 
 // Bruck's all-gather (ceil(log2 n) steps for any n, blocks received in place).
-void bruck_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);
+void bruck_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank);
 
 // Binomial trees rooted at `root` (ceil(log2 n) hops); the reduce's
 // `scratch` holds 2 * count elements.
-void tree_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
-void tree_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg);
+void tree_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes);
+void tree_reduce(const PlanContext& c, int root, BufRef buf, size_t count, BufRef scratch, bool avg);
 // The same from `in`, the root's result to `out` (only the root writes it).
-void tree_reduce_from(const PlanContext& c, int root, const char* in, char* out, size_t count, char* scratch,
+void tree_reduce_from(const PlanContext& c, int root, BufRef in, BufRef out, size_t count, BufRef scratch,
                       bool avg);
 
 // Chains along the ring starting at the root (pipelined through the FIFOs).
-void chain_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
-void chain_reduce(const PlanContext& c, int root, char* buf, size_t count, bool avg);
+void chain_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes);
+void chain_reduce(const PlanContext& c, int root, BufRef buf, size_t count, bool avg);
 
 // Direct exchanges.
-void direct_scatter(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
-void direct_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
-void pairwise_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes_per_rank);
+void direct_scatter(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes_per_rank);
+void direct_gather(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes_per_rank);
+void pairwise_all_to_all(const PlanContext& c, BufRef in, BufRef out, size_t nbytes_per_rank);
 void dissemination_barrier(const PlanContext& c);
 // The dissemination barrier carrying two words a rank, reduced by the run's
 // reducer (Communicator::agree_on_call: a minimum) as they spread.
-// `state`: four words, this rank's pair first; returns where the result is.
-uint64_t* dissemination_agreement(const PlanContext& c, uint64_t* state);
+// `state`: four words (kState), this rank's pair first; returns where the
+// result is.
+BufRef dissemination_agreement(const PlanContext& c, BufRef state);
 
 // Pull (single copy: peers read each other's buffers, see algo/pull.cpp).
-void pull_all_reduce(const PlanContext& c, char* buf, size_t count, bool avg);
-void pull_reduce_scatter(const PlanContext& c, const char* in, char* out, size_t count_per_rank, bool avg);
-void pull_all_gather(const PlanContext& c, const char* in, char* out, size_t count_per_rank);
-void pull_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes);
-void pull_reduce_to_root(const PlanContext& c, int root, char* buf, size_t count, bool avg);
-void pull_scatter(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
-void pull_gather(const PlanContext& c, int root, const char* in, char* out, size_t nbytes_per_rank);
-void pull_all_to_all(const PlanContext& c, const char* in, char* out, size_t nbytes_per_rank);
-void pull_send(const PlanContext& c, int peer, const char* buf);
-void pull_recv(const PlanContext& c, int peer, char* buf, size_t nbytes);
+void pull_all_reduce(const PlanContext& c, BufRef buf, size_t count, bool avg);
+void pull_reduce_scatter(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank, bool avg);
+void pull_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t count_per_rank);
+void pull_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes);
+void pull_reduce_to_root(const PlanContext& c, int root, BufRef buf, size_t count, bool avg);
+void pull_scatter(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes_per_rank);
+void pull_gather(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes_per_rank);
+void pull_all_to_all(const PlanContext& c, BufRef in, BufRef out, size_t nbytes_per_rank);
+void pull_send(const PlanContext& c, int peer, BufRef buf);
+void pull_recv(const PlanContext& c, int peer, BufRef buf, size_t nbytes);
 
 // Point to point.
-void p2p_send(const PlanContext& c, int peer, const char* buf, size_t nbytes);
-void p2p_recv(const PlanContext& c, int peer, char* buf, size_t nbytes);
+void p2p_send(const PlanContext& c, int peer, BufRef buf, size_t nbytes);
+void p2p_recv(const PlanContext& c, int peer, BufRef buf, size_t nbytes);
 
 }  // namespace ringcomm

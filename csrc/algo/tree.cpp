@@ -32,7 +32,7 @@ int lowest_bit_at_least(int v, int n) {
 
 }  // namespace
 
-void tree_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
+void tree_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes) {
   const int n = c.world;
   if (n == 1) return;
   const int v = mod(c.rank - root, n);
@@ -44,11 +44,11 @@ void tree_broadcast(const PlanContext& c, int root, char* buf, size_t nbytes) {
   }
 }
 
-void tree_reduce(const PlanContext& c, int root, char* buf, size_t count, char* scratch, bool avg) {
+void tree_reduce(const PlanContext& c, int root, BufRef buf, size_t count, BufRef scratch, bool avg) {
   tree_reduce_from(c, root, buf, buf, count, scratch, avg);
 }
 
-void tree_reduce_from(const PlanContext& c, int root, const char* in, char* out, size_t count, char* scratch,
+void tree_reduce_from(const PlanContext& c, int root, BufRef in, BufRef out, size_t count, BufRef scratch,
                       bool avg) {
   const int n = c.world;
   const size_t bytes = count * c.elem;
@@ -59,13 +59,13 @@ void tree_reduce_from(const PlanContext& c, int root, const char* in, char* out,
   }
   const int top = lowest_bit_at_least(v, n);
   // scratch: [accumulator | one child's buffer]; the root's last fold goes to out.
-  char* acc = scratch;
-  char* child = scratch + bytes;
+  BufRef acc = scratch;
+  BufRef child = scratch + bytes;
   std::vector<int> kids;
   for (int m = 1; m < top; m <<= 1) {
     if (v + m < n) kids.push_back(v + m);
   }
-  const char* sum = in;  // what has been folded so far
+  BufRef sum = in;  // what has been folded so far
   for (size_t i = 0; i < kids.size(); ++i) {
     push_recv(c, mod(kids[i] + root, n), child, bytes);
     const bool last = i + 1 == kids.size();

@@ -12,10 +12,9 @@
 
 namespace ringcomm {
 
-inline Step make_step(StepKind kind, const PlanContext& c) {
+inline Step make_step(StepKind kind, const PlanContext&) {
   Step s{};
   s.kind = kind;
-  s.tag = c.tag;
   return s;
 }
 
@@ -28,26 +27,26 @@ inline size_t push_step(const PlanContext& c, Step s) {
   return c.out->size() - 1;
 }
 
-inline size_t push_send(const PlanContext& c, int peer, const void* data, size_t nbytes,
+inline size_t push_send(const PlanContext& c, int peer, BufRef data, size_t nbytes,
                         size_t after = SIZE_MAX) {
   Step s = make_step(StepKind::kSend, c);
   s.send_peer = peer;
-  s.src = static_cast<const char*>(data);
+  s.src = data;
   s.nbytes = nbytes;
   s.after = after;
   return push_step(c, s);
 }
 
-inline size_t push_recv(const PlanContext& c, int peer, void* data, size_t nbytes) {
+inline size_t push_recv(const PlanContext& c, int peer, BufRef data, size_t nbytes) {
   Step s = make_step(StepKind::kRecv, c);
   s.recv_peer = peer;
-  s.dst = static_cast<char*>(data);
+  s.dst = data;
   s.nbytes = nbytes;
   return push_step(c, s);
 }
 
 // dst <- src (op) what `from` sends.
-inline size_t push_recv_reduce(const PlanContext& c, int from, const char* src, char* dst, size_t nbytes,
+inline size_t push_recv_reduce(const PlanContext& c, int from, BufRef src, BufRef dst, size_t nbytes,
                                bool divide = false) {
   Step s = make_step(StepKind::kRecvReduce, c);
   s.recv_peer = from;
@@ -59,7 +58,7 @@ inline size_t push_recv_reduce(const PlanContext& c, int from, const char* src, 
 }
 
 // to <- src (op) what `from` sends.
-inline size_t push_recv_reduce_send(const PlanContext& c, int from, int to, const char* src, size_t nbytes) {
+inline size_t push_recv_reduce_send(const PlanContext& c, int from, int to, BufRef src, size_t nbytes) {
   Step s = make_step(StepKind::kRecvReduceSend, c);
   s.recv_peer = from;
   s.send_peer = to;
@@ -69,7 +68,7 @@ inline size_t push_recv_reduce_send(const PlanContext& c, int from, int to, cons
 }
 
 // dst <- src (op) what `from` sends; to <- dst.
-inline size_t push_recv_reduce_copy_send(const PlanContext& c, int from, int to, const char* src, char* dst,
+inline size_t push_recv_reduce_copy_send(const PlanContext& c, int from, int to, BufRef src, BufRef dst,
                                          size_t nbytes, bool divide) {
   Step s = make_step(StepKind::kRecvReduceCopySend, c);
   s.recv_peer = from;
@@ -82,7 +81,7 @@ inline size_t push_recv_reduce_copy_send(const PlanContext& c, int from, int to,
 }
 
 // dst <- what `from` sends; to <- dst.
-inline size_t push_recv_copy_send(const PlanContext& c, int from, int to, char* dst, size_t nbytes) {
+inline size_t push_recv_copy_send(const PlanContext& c, int from, int to, BufRef dst, size_t nbytes) {
   Step s = make_step(StepKind::kRecvCopySend, c);
   s.recv_peer = from;
   s.send_peer = to;
@@ -92,7 +91,7 @@ inline size_t push_recv_copy_send(const PlanContext& c, int from, int to, char* 
 }
 
 // dst <- a (op) b (a fence).
-inline size_t push_reduce(const PlanContext& c, char* dst, const char* a, const char* b, size_t nbytes,
+inline size_t push_reduce(const PlanContext& c, BufRef dst, BufRef a, BufRef b, size_t nbytes,
                           bool divide) {
   Step s = make_step(StepKind::kLocalReduce, c);
   s.dst = dst;
@@ -103,11 +102,21 @@ inline size_t push_reduce(const PlanContext& c, char* dst, const char* a, const 
   return push_step(c, s);
 }
 
+// The 8 bytes at `entry` (the address table) <- where `buf` lies in this run
+// (a fence): what a pull schedule sends its peers.
+inline size_t push_publish(const PlanContext& c, BufRef buf, BufRef entry) {
+  Step s = make_step(StepKind::kPublish, c);
+  s.src = buf;
+  s.dst = entry;
+  s.nbytes = 8;
+  return push_step(c, s);
+}
+
 // Later steps start once every earlier one is done.
 inline size_t push_fence(const PlanContext& c) { return push_step(c, make_step(StepKind::kFence, c)); }
 
 // A local copy (a fence); nothing when there is nothing to move.
-inline void push_copy(const PlanContext& c, const char* src, char* dst, size_t nbytes) {
+inline void push_copy(const PlanContext& c, BufRef src, BufRef dst, size_t nbytes) {
   if (src == dst || nbytes == 0) return;
   Step s = make_step(StepKind::kLocalCopy, c);
   s.src = src;

@@ -33,6 +33,39 @@ void call_buffer_bytes(OpKind kind, size_t count, size_t elem, int world, size_t
   }
 }
 
+void call_buffers(const char* out, size_t out_bytes, const char* in, size_t in_bytes, CallPlan* call) {
+  call->out = out ? BufRef{kOut, 0} : BufRef{};
+  call->in = in ? BufRef{kIn, 0} : BufRef{};
+  if (!out || !in || !out_bytes || !in_bytes) return;
+  if (!(out < in + in_bytes && in < out + out_bytes)) return;
+  if (in >= out) {
+    call->in = {kOut, static_cast<uint64_t>(in - out)};
+  } else {
+    call->out = {kIn, static_cast<uint64_t>(out - in)};
+  }
+}
+
+CallPlan plan_of(const AddressedCall& a, size_t elem, int world) {
+  CallPlan call;
+  call.kind = a.kind;
+  call.count = a.count;
+  call.root = a.root;
+  call.avg = a.avg;
+  call.algo = a.algo;
+  size_t in_bytes, out_bytes;
+  call_buffer_bytes(a.kind, a.count, elem, world, &in_bytes, &out_bytes);
+  call_buffers(a.out, out_bytes, a.in, in_bytes, &call);
+  return call;
+}
+
+PlanBuffers buffers_of(const AddressedCall& a) {
+  PlanBuffers b;
+  b.base[kOut] = a.out;
+  b.base[kIn] = const_cast<char*>(a.in);  // never written: the plan writes only outputs and scratch
+  b.base[kScratch] = a.scratch;
+  return b;
+}
+
 ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
   const size_t bytes = d.count * c.elem;
   const bool pull = d.algo == Algo::kPull;
@@ -135,6 +168,9 @@ ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
         pairwise_all_to_all(c, d.in, d.out, bytes / c.world);
       }
       break;
+    case OpKind::kBarrier:
+      dissemination_barrier(c);
+      return kFamilyFifo;
     default:
       throw Error("ringcomm: no collective schedule for this call");
   }

@@ -11,10 +11,19 @@
 
 namespace ringcomm {
 
+// A call as the planner sees it: no addresses, only which buffers the call
+// has and how they sit (algo/step.h BufRef), so that the plan is the same
+// for every call of this signature and can be kept (comm/plan_cache.h).
 struct CallPlan {
   OpKind kind;
-  char* out = nullptr;       // the in-place buffer, or the output
-  const char* in = nullptr;  // the input of out-of-place calls
+  // The in-place buffer or the output: kOut at 0, or kNone on a rank that
+  // has none (a gather's non-root); the input: kIn at 0, or kNone (in-place
+  // ops, a scatter's non-root). The in-place forms of the out-of-place ops
+  // (the input is this rank's block of the output, or the other way round)
+  // name the smaller buffer as a block of the larger one (call_buffers), so
+  // that the schedule sees the two are one (push_copy skips a copy onto itself).
+  BufRef out;
+  BufRef in;
   // Elements: the buffer (all_reduce, broadcast, reduce), the output
   // (reduce_scatter, scatter), the input (all_gather, gather, all_to_all).
   size_t count = 0;
@@ -26,8 +35,33 @@ struct CallPlan {
   // direct exchanges for the rest). kPull needs
   // PlanContext::addrs (CPU only), kHierarchical PlanContext::topo.
   Algo algo = Algo::kAuto;
-  // Families that need it (scratch_bytes): memory of the buffers' device.
-  char* scratch = nullptr;
+  // Families that need it (scratch_bytes): memory of the buffers' device,
+  // given per run as PlanBuffers::base[kScratch].
+  BufRef scratch{kScratch, 0};
+
+  // The whole signature (what the plan depends on besides the communicator).
+  bool operator==(const CallPlan& o) const {
+    return kind == o.kind && out == o.out && in == o.in && count == o.count && root == o.root && avg == o.avg &&
+           algo == o.algo && scratch == o.scratch;
+  }
+};
+
+// CallPlan::out and ::in for a call whose output (null: none) and input
+// (null: none) are these: kOut and kIn, or, when they overlap (the in-place
+// forms: one is a block of the other), both named in the larger one.
+void call_buffers(const char* out, size_t out_bytes, const char* in, size_t in_bytes, CallPlan* call);
+
+// A call with its buffers' addresses, as the GPU paths and the test hooks
+// issue it: what it plans as (plan_of) and the buffers it runs on (buffers_of).
+struct AddressedCall {
+  OpKind kind;
+  char* out = nullptr;       // the in-place buffer, or the output
+  const char* in = nullptr;  // the input of out-of-place calls
+  size_t count = 0;          // as CallPlan::count
+  int root = -1;
+  bool avg = false;
+  Algo algo = Algo::kAuto;
+  char* scratch = nullptr;   // as CallPlan::scratch
 };
 
 // Elements of each block a ring round moves (PlanContext::slice_elems) over
@@ -47,9 +81,15 @@ size_t scratch_bytes(const CallPlan& call, size_t elem, int world);
 // communicator validates them (the input is 0 for in-place ops).
 void call_buffer_bytes(OpKind kind, size_t count, size_t elem, int world, size_t* in, size_t* out);
 
+// The CallPlan of `a` (elem: bytes per element) and the buffers it runs on
+// (kAddrs, kState: none).
+CallPlan plan_of(const AddressedCall& a, size_t elem, int world);
+PlanBuffers buffers_of(const AddressedCall& a);
+
 // Appends the call's steps to c.out (c.elem is the element size) and returns
-// the family every message of the call carries (MsgTag::algo). Barrier and
-// send/recv are not collectives here (comm/communicator.cpp plans them).
+// the family every message of the call carries (MsgTag::algo). The barrier
+// is planned here too (the dissemination barrier, family kFamilyFifo);
+// send/recv are not (comm/p2p_match.cpp runs them).
 ScheduleFamily plan_call(const PlanContext& c, const CallPlan& call);
 
 }  // namespace ringcomm

@@ -36,14 +36,13 @@ Communicator::Communicator(int rank, int world, Config config)
       router_(rank, world, shm_.get()),
       executor_(&router_, rank, world, config_.wait),
       plan_cache_(config_.plan_cache_entries),
-      small_in_(world),
+      timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config_.timeout_s))),
       addrs_(world),
       ring_order_(world),
       model_(Topology{}, default_cost_params(), ModelLimits{}),
       send_seq_(world),
       recv_seq_(world),
       matcher_(rank, world, &router_, config_.p2p_unexpected_bytes) {
-  schedule_.reserve(1024);
   p2p_group_.reserve(64);
   executor_.set_p2p_absorb([this](int peer) { return matcher_.absorb(peer); });
   for (int i = 0; i < world_; ++i) ring_order_[i] = i;
@@ -54,6 +53,7 @@ Communicator::Communicator(int rank, int world, Config config)
 // message, the receiver follows it: comm/p2p_match.cpp).
 void Communicator::set_pull(bool on) {
   pull_ok_ = on && config_.pull;
+  memo_.valid = false;  // resolve_algo's answers depend on it
   matcher_.set_pull(pull_ok_, algos_.forces_pull_everywhere ? 0 : config_.pull_min_bytes);
 }
 
@@ -108,7 +108,7 @@ void Communicator::set_ring_order(const std::vector<int>& order) {
   ring_identity_ = true;
   for (int i = 0; i < world_; ++i) ring_identity_ = ring_identity_ && order[i] == i;
   topo_.ring = ring_order_;
-  plan_cache_.clear();  // plans of the old order
+  plan_cache_.clear();  // plans of the old order (memo_ too: the cache's generation moves)
   rebuild_model(model_.params());
 }
 
@@ -125,35 +125,16 @@ void Communicator::set_topology(const std::vector<int>& labels) {
 
 void Communicator::set_cost_params(const CostParams& p) { rebuild_model(p); }
 
-// The model over the current topology and parameters, and what it implies
-// for the latency path: small all_reduce calls run one-shot in one segment
-// up to the largest size `auto` picks one-shot for (the region where a
-// family with the smallest fixed cost wins starts at 0), so the latency
-// path and explain() never disagree.
+// The model over the current topology and parameters. Every call's family
+// is the chooser's pick (resolve_algo), small synchronous all_reduce calls
+// included: they run the one-shot plan when the model picks it.
 void Communicator::rebuild_model(CostParams params) {
   ModelLimits lim;
   lim.slot_bytes = config_.slot_bytes;
   lim.oneshot_max_bytes = config_.oneshot_max_bytes;
   lim.check_agreement = config_.check_agreement;
   model_ = CostModel(topo_, std::move(params), lim);
-  const Algo ar = algos_.of(OpKind::kAllReduce);
-  const size_t cap = std::min(config_.oneshot_max_bytes, config_.slot_bytes);
-  if (ar == Algo::kOneShot) {
-    small_path_ = true;
-    small_max_bytes_ = config_.slot_bytes;
-  } else if (ar == Algo::kAuto && model_.pick(OpKind::kAllReduce, 1) == Algo::kOneShot) {
-    size_t lo = 1, hi = cap;  // lo: one-shot picked; find the last such size <= cap
-    if (model_.pick(OpKind::kAllReduce, hi) == Algo::kOneShot) lo = hi;
-    while (hi - lo > 1) {
-      const size_t mid = lo + (hi - lo) / 2;
-      (model_.pick(OpKind::kAllReduce, mid) == Algo::kOneShot ? lo : hi) = mid;
-    }
-    small_path_ = true;
-    small_max_bytes_ = lo;
-  } else {
-    small_path_ = false;
-    small_max_bytes_ = 0;
-  }
+  memo_.valid = false;  // picks of the old model
 }
 
 std::vector<std::pair<std::string, double>> Communicator::explain(OpKind kind, size_t nbytes) const {
@@ -263,7 +244,6 @@ Communicator::Call Communicator::checked(const CallDesc& d) {
 std::shared_ptr<Work> Communicator::all_reduce(Buffer x, ReduceOp op, bool async) {
   Inside inside(inside_);
   Call c = checked(describe_call(OpKind::kAllReduce, rank_, world_, x, Buffer{}, -1, op));
-  if (!async && small_all_reduce(x, op, c.reducer)) return nullptr;
   return submit(std::move(c), async);
 }
 
@@ -331,6 +311,7 @@ std::shared_ptr<Work> Communicator::barrier(bool async) {
 
 // Sequence numbers follow issue order: collectives count on the
 // communicator, point-to-point messages on their pair of ranks. Holds mu_.
+// The call's record says kIssued once it is queued (enqueue).
 void Communicator::assign_seq(Call& call) {
   check_thread(call.name.c_str());
   call.issuer = issuer_;
@@ -344,7 +325,6 @@ void Communicator::assign_seq(Call& call) {
     call.tag.seq = ++seq_;
   }
   if (call.reduces) call.tag.redop = static_cast<uint8_t>(call.redop);
-  record(call, CallState::kIssued);
 }
 
 // Calls on one communicator must come from one thread at a time: the ranks
@@ -357,7 +337,7 @@ void Communicator::check_thread(const char* name) {
   const std::thread::id me = std::this_thread::get_id();
   const bool busy = running_ || !queue_.empty();
   if (busy && issuer_ != me && issuer_ != std::thread::id()) {
-    const std::string other = running_ ? running_name_ : queue_.front().first.name;
+    const std::string other = running_ ? std::string(running_name_) : queue_.front().first.name;
     const std::string msg = "ringcomm: " + std::string(name) + " was called on rank " + std::to_string(rank_) +
                             " from a second thread while " + other +
                             ", issued by another thread, was still in flight: calls on one communicator must come "
@@ -384,7 +364,7 @@ void Communicator::record(const Call& c, CallState state) {
 }
 
 CallInfo Communicator::info_of(const Call& c) const {
-  CallInfo info{c.name, c.tag.seq, rank_, config_.timeout_s};
+  CallInfo info{c.name.c_str(), c.tag.seq, rank_, config_.timeout_s};
   info.kind = static_cast<int>(c.kind);
   info.p2p_peer = c.kind == OpKind::kSend ? c.root : -1;
   if (c.kind == OpKind::kSend && c.root == kAnySource) info.kind = -1;  // no one peer to ask
@@ -404,6 +384,7 @@ std::vector<std::string> Communicator::in_flight() {
 // wait on the call itself leaves it asleep (its wait runs the call, and a
 // busy worker takes queued calls without being woken).
 std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify) {
+  record(call, CallState::kIssued);  // (a call run inline goes straight to kRunning)
   auto work = std::make_shared<Work>(call.name, waiters_);
   work->set_helper([this, w = work.get()] { help(w); });
   work->set_on_interrupt([this](const std::string& why) { abort(why); });
@@ -435,7 +416,7 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
   if (queue_.empty() && !running_) {
     // Both run in this thread as one group (the latency path).
     running_ = true;
-    running_name_ = "sendrecv";
+    running_name_ = "sendrecv";  // (a literal: no string built per call)
     lk.unlock();
     Work ws(m[0].call.name), wr(m[1].call.name);
     m[0].work = &ws;
@@ -454,24 +435,36 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
   wr->wait(-1);
 }
 
-std::shared_ptr<Work> Communicator::submit(Call call, bool async, int* source) {
+std::shared_ptr<Work> Communicator::submit(Call&& call, bool async, int* source) {
   std::unique_lock<std::mutex> lk(mu_);
   check_usable();
   assign_seq(call);
   if (!async && queue_.empty() && !running_) {
     // The latency path: run in this thread, no allocation, no hand-off.
     running_ = true;
-    running_name_ = call.name;
-    lk.unlock();
-    Work work(call.name);
-    if (call.kind == OpKind::kSend) {
-      P2pMember m;
-      m.call = std::move(call);
-      m.work = &work;
-      execute_p2p(&m, 1, false);
+    if (call.kind != OpKind::kSend) {
+      running_name_ = call.name.c_str();  // `call` stays here while it runs
     } else {
-      execute(call, work);
+      running_owned_ = call.name;  // the send/recv group moves the call
+      running_name_ = running_owned_.c_str();
     }
+    lk.unlock();
+    if (call.kind != OpKind::kSend) {
+      // A collective: its error is thrown as it is (no Work to carry it).
+      try {
+        run_inline(call);
+      } catch (...) {
+        release_inline();
+        throw;
+      }
+      release_inline();
+      return nullptr;
+    }
+    Work work(call.name);
+    P2pMember m;
+    m.call = std::move(call);
+    m.work = &work;
+    execute_p2p(&m, 1, false);
     release_inline();
     work.rethrow();
     if (source) *source = work.source();
@@ -489,7 +482,8 @@ void Communicator::run_front(std::unique_lock<std::mutex>& lk) {
   auto item = std::move(queue_.front());
   queue_.pop_front();
   running_ = true;
-  running_name_ = item.first.name + " (seq " + std::to_string(item.first.tag.seq) + ")";
+  running_owned_ = item.first.name + " (seq " + std::to_string(item.first.tag.seq) + ")";
+  running_name_ = running_owned_.c_str();
   lk.unlock();
   if (item.first.kind == OpKind::kSend) {
     P2pMember m;
@@ -546,35 +540,51 @@ void Communicator::help(const Work* work) {
   }
 }
 
-void Communicator::plan(Call& c) {
+const Plan& Communicator::plan(Call& c, size_t* out_bytes_out) {
   const size_t elem = dtype_size(static_cast<DataType>(c.tag.dtype));
+  // Both buffers hold the call's dtype (the entry points check it).
+  const size_t out_bytes = c.a.count * elem, in_bytes = c.b.count * elem;
+  *out_bytes_out = out_bytes;
+  CallPlan call;
+  call.kind = c.kind;
+  call_buffers(c.a.ptr, out_bytes, c.b.ptr, in_bytes, &call);
+  const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
+  PlanMemo& m = memo_;
+  if (m.valid && m.kind == c.kind && m.dtype == c.tag.dtype && m.avg == avg && m.root == c.root &&
+      m.a_count == c.a.count && m.b_count == c.b.count && m.out == call.out && m.in == call.in &&
+      m.generation == plan_cache_.generation()) {
+    plan_cache_.count_hit();
+    c.tag.algo = m.plan->family;
+    return *m.plan;
+  }
   const size_t slice = ring_slice_elems(config_.slot_bytes, config_.nslots, elem);
-  PlanContext ctx{rank_, world_, elem, slice, &c.tag, &schedule_, addrs_.data()};
+  PlanContext ctx{rank_, world_, elem, slice, nullptr};
   ctx.topo = &topo_;
   if (!ring_identity_) {
     ctx.ring = ring_order_.data();
     ctx.ring_pos = ring_pos_;
   }
-  const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
-  schedule_.clear();
-  if (c.kind == OpKind::kBarrier) {
-    c.tag.algo = kFamilyFifo;
-    dissemination_barrier(ctx);
-    return;
-  }
-  CallPlan call;
-  call.kind = c.kind;
-  call.out = c.a.ptr;
-  call.in = c.b.ptr;
   const bool by_input = c.kind == OpKind::kAllGather || c.kind == OpKind::kGather || c.kind == OpKind::kAllToAll;
   call.count = by_input ? c.b.count : c.a.count;
   call.root = c.root;
   call.avg = avg;
-  call.algo = resolve_algo(c);
+  if (c.kind != OpKind::kBarrier) call.algo = resolve_algo(c);
   const size_t need = scratch_bytes(call, elem, world_);
   if (scratch_.size() < need) scratch_.resize(need);
-  call.scratch = scratch_.data();
-  c.tag.algo = plan_cache_.plan(ctx, call);
+  const Plan& p = plan_cache_.plan(ctx, call);
+  c.tag.algo = p.family;
+  m.valid = plan_cache_.kept(p);
+  m.kind = c.kind;
+  m.dtype = c.tag.dtype;
+  m.avg = avg;
+  m.root = c.root;
+  m.a_count = c.a.count;
+  m.b_count = c.b.count;
+  m.out = call.out;
+  m.in = call.in;
+  m.generation = plan_cache_.generation();
+  m.plan = &p;
+  return p;
 }
 
 Algo Communicator::resolve_algo(const Call& c) const { return resolve_algo(c.kind, c.model_bytes); }
@@ -630,11 +640,15 @@ void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, cons
   const uint64_t me = static_cast<uint64_t>(rank_) & kRankMask;
   agreement_state_[0] = (h << kRankBits) | me;
   agreement_state_[1] = ((~h & kHashMask) << kRankBits) | me;
-  agreement_schedule_.clear();
-  PlanContext ctx{rank_, world_, sizeof(uint64_t), 1, &c.tag, &agreement_schedule_, addrs_.data()};
-  const uint64_t* got = dissemination_agreement(ctx, agreement_state_);
+  if (agreement_schedule_.empty()) {
+    PlanContext ctx{rank_, world_, sizeof(uint64_t), 1, &agreement_schedule_};
+    agreement_result_ = dissemination_agreement(ctx, {kState, 0});
+  }
+  PlanBuffers bufs;
+  bufs.base[kState] = reinterpret_cast<char*>(agreement_state_);
   static const Reducer minimum = make_reducer(DataType::kInt64, ReduceOp::kMin);
-  executor_.run(agreement_schedule_, &minimum, deadline, info);
+  executor_.run(agreement_schedule_, bufs, c.tag, &minimum, deadline, info);
+  const uint64_t* got = agreement_state_ + agreement_result_.offset / sizeof(uint64_t);
   const uint64_t lo = got[0] >> kRankBits, hi = ~(got[1] >> kRankBits) & kHashMask;
   if (lo != hi) {
     throw MismatchError("ringcomm: mismatched calls: ranks " + std::to_string(got[0] & kRankMask) + " and " +
@@ -643,6 +657,21 @@ void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, cons
                         " (the root, count, dtype, op or algorithm differ); all ranks must issue the same "
                         "collectives in the same order");
   }
+}
+
+void Communicator::run_call(Call& c) {
+  size_t out_bytes;
+  const Plan& p = plan(c, &out_bytes);
+  const CallInfo info = info_of(c);
+  const Clock::time_point deadline = deadline_from_now();
+  if (is_rooted(c.kind) && config_.check_agreement) agree_on_call(c, deadline, info);
+  executor_.set_streaming(out_bytes >= kStreamingCopyMinBytes);  // c.a: the output
+  PlanBuffers bufs;
+  bufs.base[kOut] = c.a.ptr;
+  bufs.base[kIn] = c.b.ptr;
+  bufs.base[kScratch] = scratch_.data();
+  bufs.base[kAddrs] = reinterpret_cast<char*>(addrs_.data());
+  executor_.run(p.steps, bufs, c.tag, c.reduces ? &c.reducer : nullptr, deadline, info);
 }
 
 void Communicator::execute(Call& c, Work& work) {
@@ -658,13 +687,7 @@ void Communicator::execute(Call& c, Work& work) {
   std::string message;
   record(c, CallState::kRunning);
   try {
-    const Reducer* rp = c.reduces ? &c.reducer : nullptr;
-    plan(c);
-    const CallInfo info = info_of(c);
-    const Clock::time_point deadline = deadline_from_now();
-    if (is_rooted(c.kind) && config_.check_agreement) agree_on_call(c, deadline, info);
-    executor_.set_streaming(c.a.nbytes() >= kStreamingCopyMinBytes);  // c.a: the output
-    executor_.run(schedule_, rp, deadline, info);
+    run_call(c);
     record(c, CallState::kFinished);
     work.complete();
     return;
@@ -677,10 +700,21 @@ void Communicator::execute(Call& c, Work& work) {
   work.fail(kind, message);
 }
 
-Clock::time_point Communicator::deadline_from_now() const {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(config_.timeout_s));
+// submit() checked under mu_ that the communicator is usable and claimed it
+// (running_); the caller releases it.
+void Communicator::run_inline(Call& c) {
+  record(c, CallState::kRunning);
+  try {
+    run_call(c);
+  } catch (const std::exception& e) {
+    record(c, CallState::kFailed);
+    fail(e.what());
+    throw;
+  }
+  record(c, CallState::kFinished);
 }
+
+Clock::time_point Communicator::deadline_from_now() const { return Clock::now() + timeout_; }
 
 // Poisons the communicator and tells the peers, so they fail fast too.
 void Communicator::fail(const std::string& message) {
@@ -752,6 +786,7 @@ void Communicator::execute_p2p(P2pMember* first, size_t n, bool take_queued) {
       std::lock_guard<std::mutex> lk(mu_);
       while (!queue_.empty() && queue_.front().first.kind == OpKind::kSend) {
         group.emplace_back();
+        described = SIZE_MAX;  // the group may have moved: `info` names the oldest's call again
         P2pMember& m = group.back();
         m.call = std::move(queue_.front().first);
         m.keep = std::move(queue_.front().second);

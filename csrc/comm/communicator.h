@@ -60,7 +60,7 @@ struct Config {
   // The ring's order: "host" (host-contiguous) or "rank" (rank order, for
   // comparison: every hop of an interleaved placement crosses the network).
   std::string ring_order = "host";
-  // Plans kept per call signature and re-based onto each call's buffers
+  // Plans kept per call signature and run as they stand on each call's buffers
   // (comm/plan_cache.h); 0: every call is planned afresh.
   size_t plan_cache_entries = PlanCache::kDefaultEntries;
   WaitPolicy wait;
@@ -184,24 +184,20 @@ class Communicator {
 
   using Item = std::pair<Call, std::shared_ptr<Work>>;
 
-  std::shared_ptr<Work> submit(Call call, bool async, int* source = nullptr);
-  // The latency paths of small synchronous calls (comm/latency_path.cpp).
-  // They return false, having done nothing, when the call must take the general path.
-  bool small_all_reduce(const Buffer& x, ReduceOp op, const Reducer& reducer);
-  void run_small_all_reduce(const Buffer& x, const MsgTag& tag, const Reducer& reducer, bool avg);
-  // A call run inline by the calling thread: claim_inline takes the
-  // communicator (numbering the call with `number`, under the lock) unless
-  // calls are queued or running, in which case the call must queue behind
-  // them; release_inline gives it back. run_claimed runs `body` between the
-  // two and poisons the communicator if it throws.
-  template <class Number>
-  bool claim_inline(Number&& number);
+  std::shared_ptr<Work> submit(Call&& call, bool async, int* source = nullptr);
+  // Gives the communicator back after a call run inline by the calling
+  // thread (submit and sendrecv take it under mu_ when nothing is queued).
   void release_inline();
-  template <class Body>
-  void run_claimed(Body&& body);
   void assign_seq(Call& call);
   std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify);
   void execute(Call& call, Work& work);
+  // Runs a collective (or the barrier): plans it (the plan cache), agrees on
+  // it (rooted calls), runs its plan over its buffers; throws its error.
+  void run_call(Call& call);
+  // A synchronous collective run by the calling thread (submit's latency
+  // path): no Work, the error thrown as it is; the communicator is poisoned
+  // if it throws.
+  void run_inline(Call& call);
   // A send/recv group (see communicator.cpp): `first` are its first members
   // (a call and the Work it completes, `keep` owning it when queued).
   struct P2pMember {
@@ -217,7 +213,9 @@ class Communicator {
   Call p2p_call(const Buffer& x, int peer, int64_t tag, bool is_send);
   void fail(const std::string& message);
   Clock::time_point deadline_from_now() const;
-  void plan(Call& call);
+  // The call's plan (kept by plan_cache_; valid until the next plan());
+  // sets call.tag.algo to its family and *out_bytes to its output's size.
+  const Plan& plan(Call& call, size_t* out_bytes);
   Algo resolve_algo(const Call& c) const;
   Algo resolve_algo(OpKind kind, size_t model_bytes) const;
   ChoiceContext choice_context(OpKind kind) const;
@@ -254,15 +252,29 @@ class Communicator {
   std::unique_ptr<TcpTransport> tcp_;  // peers on other hosts (or all, when forced); may be null
   Router router_;                      // which transport reaches which peer
   Executor executor_;
-  Schedule schedule_;           // reused by every call (one call runs at a time)
   PlanCache plan_cache_;        // what plan() built, per call signature
-  Schedule agreement_schedule_;  // agree_on_call's rounds
+  const Clock::duration timeout_;  // config_.timeout_s (deadline_from_now)
+  // The last call's signature and its kept plan (a loop repeats one call:
+  // it takes the plan without asking the chooser or the cache again).
+  // Valid while `valid` and the cache's generation are unchanged; reset when
+  // what the chooser's pick depends on changes (rebuild_model, set_pull).
+  struct PlanMemo {
+    bool valid = false;
+    OpKind kind = OpKind::kBarrier;
+    uint8_t dtype = 0;
+    bool avg = false;
+    int root = -1;
+    size_t a_count = 0, b_count = 0;
+    BufRef out, in;  // the buffers' form (CallPlan::out / ::in)
+    uint64_t generation = 0;
+    const Plan* plan = nullptr;
+  };
+  PlanMemo memo_;
+  Schedule agreement_schedule_;  // agree_on_call's rounds (built once: they depend on rank and world only)
+  BufRef agreement_result_;      // where in the state they leave the agreed words
   uint64_t agreement_state_[4] = {};
-  std::vector<char> scratch_;   // one-shot all_reduce inputs
-  std::vector<const char*> small_in_;  // small all_reduce: the inputs, by rank
-  bool small_path_ = false;            // small all_reduce: on (the algorithm allows one-shot) ...
-  size_t small_max_bytes_ = 0;         // ... up to this size (one segment)
-  std::vector<uint64_t> addrs_;  // pull schedules: published buffer addresses
+  std::vector<char> scratch_;   // the families' scratch (one-shot all_reduce inputs, ...)
+  std::vector<uint64_t> addrs_;  // pull schedules: published buffer addresses (buffer kAddrs)
   std::vector<int> ring_order_;  // position -> rank (identity by default)
   int ring_pos_ = 0;
   bool ring_identity_ = true;
@@ -274,7 +286,10 @@ class Communicator {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool running_ = false;  // a call is executing (inline or on the worker)
-  std::string running_name_;  // ... which one
+  // ... which one: a literal, the name of the call run inline (alive while
+  // it runs), or running_owned_ (guarded by mu_ like running_).
+  const char* running_name_ = "";
+  std::string running_owned_;
   std::thread::id issuer_;    // the thread that issued the latest call
   bool stop_ = false;
   bool closing_ = false;

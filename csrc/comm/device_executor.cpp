@@ -33,7 +33,8 @@ void DeviceExecutor::flush(DeviceOps& ops) {
   ops.group(group);
 }
 
-void DeviceExecutor::run(const Schedule& steps, DeviceOps& ops, DataType dtype, ReduceOp op) {
+void DeviceExecutor::run(const Schedule& steps, const PlanBuffers& bufs, DeviceOps& ops, DataType dtype,
+                         ReduceOp op) {
   const size_t elem = dtype_size(dtype);
   // Chunks hold whole elements (reductions split at element boundaries): the
   // chunk size is a multiple of 64, every element size divides it.
@@ -50,22 +51,24 @@ void DeviceExecutor::run(const Schedule& steps, DeviceOps& ops, DataType dtype, 
   auto recv = [&](char* p, size_t n, int peer) { pending_.push_back({false, p, n, peer}); };
   pending_.clear();
   for (const Step& s : steps) {
+    char* const dst = bufs.at(s.dst);
+    const char* const src = bufs.at(s.src);
     // A step that waits for an earlier one (a tree forwards what it received)
     // starts a new group: NCCL runs the transfers of one group together.
     if (s.after != SIZE_MAX) flush(ops);
     switch (s.kind) {
       case StepKind::kSend:
-        for (size_t off = 0; off < s.nbytes; off += chunk) send(s.src + off, std::min(chunk, s.nbytes - off), s.send_peer);
+        for (size_t off = 0; off < s.nbytes; off += chunk) send(src + off, std::min(chunk, s.nbytes - off), s.send_peer);
         break;
       case StepKind::kRecv:
-        for (size_t off = 0; off < s.nbytes; off += chunk) recv(s.dst + off, std::min(chunk, s.nbytes - off), s.recv_peer);
+        for (size_t off = 0; off < s.nbytes; off += chunk) recv(dst + off, std::min(chunk, s.nbytes - off), s.recv_peer);
         break;
       case StepKind::kRecvCopySend:
         for (size_t off = 0; off < s.nbytes; off += chunk) {
           const size_t n = std::min(chunk, s.nbytes - off);
-          recv(s.dst + off, n, s.recv_peer);
+          recv(dst + off, n, s.recv_peer);
           flush(ops);
-          send(s.dst + off, n, s.send_peer);
+          send(dst + off, n, s.send_peer);
         }
         break;
       case StepKind::kRecvReduce:
@@ -79,21 +82,21 @@ void DeviceExecutor::run(const Schedule& steps, DeviceOps& ops, DataType dtype, 
           if (s.kind == StepKind::kRecvReduceSend) {
             // The chunk sent before this one has left send_tmp_: the group
             // just flushed held it, and the stream orders this kernel after.
-            reduce(send_tmp_, s.src + off, recv_tmp_, n, false);
+            reduce(send_tmp_, src + off, recv_tmp_, n, false);
             send(send_tmp_, n, s.send_peer);
           } else {
-            reduce(s.dst + off, s.src + off, recv_tmp_, n, s.divide);
-            if (s.kind == StepKind::kRecvReduceCopySend) send(s.dst + off, n, s.send_peer);
+            reduce(dst + off, src + off, recv_tmp_, n, s.divide);
+            if (s.kind == StepKind::kRecvReduceCopySend) send(dst + off, n, s.send_peer);
           }
         }
         break;
       case StepKind::kLocalCopy:
         flush(ops);
-        if (s.nbytes && s.dst != s.src) ops.copy(s.dst, s.src, s.nbytes);
+        if (s.nbytes && dst != src) ops.copy(dst, src, s.nbytes);
         break;
       case StepKind::kLocalReduce:
         flush(ops);
-        if (s.nbytes) reduce(s.dst, s.src, s.src2, s.nbytes, s.divide);
+        if (s.nbytes) reduce(dst, src, bufs.at(s.src2), s.nbytes, s.divide);
         break;
       case StepKind::kFence:
         flush(ops);

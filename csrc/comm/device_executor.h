@@ -62,9 +62,11 @@ class DeviceExecutor {
   // graph capture, where allocation is not allowed.
   void allocate(DeviceOps& ops);
 
-  // Queues `steps`: dtype / op for the reduction steps (AVG: SUM, and steps
-  // with `divide` divide by the world size).
-  void run(const Schedule& steps, DeviceOps& ops, DataType dtype, ReduceOp op);
+  // Queues `steps` over the call's device buffers `bufs` (each step's
+  // BufRefs resolve against them; a kept plan runs on any call's buffers):
+  // dtype / op for the reduction steps (AVG: SUM, and steps with `divide`
+  // divide by the world size).
+  void run(const Schedule& steps, const PlanBuffers& bufs, DeviceOps& ops, DataType dtype, ReduceOp op);
 
  private:
   void flush(DeviceOps& ops);

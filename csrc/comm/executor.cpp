@@ -48,19 +48,23 @@ Executor::Executor(Transport* transport, int rank, int world, WaitPolicy policy)
 // between buffers at different offsets within a page run ~3x slower).
 void Executor::pull(const Step& s, const Reducer* reducer) {
   Link* link = transport_->link(s.recv_peer);
-  const uint64_t addr = *s.remote_base + s.remote_offset;
+  uint64_t base;
+  std::memcpy(&base, bufs_->at(s.remote_base), sizeof(base));
+  const uint64_t addr = base + s.remote_offset;
+  char* const dst = bufs_->at(s.dst);
   if (s.kind == StepKind::kPull) {
-    if (s.nbytes) link->read_remote(s.dst, addr, s.nbytes);
+    if (s.nbytes) link->read_remote(dst, addr, s.nbytes);
     return;
   }
+  const char* const src = bufs_->at(s.src);
   char* tmp = pull_tmp_.data() + (4096 - (reinterpret_cast<uintptr_t>(pull_tmp_.data()) & 4095)) % 4096;
-  tmp += reinterpret_cast<uintptr_t>(s.dst) & 4095;
+  tmp += reinterpret_cast<uintptr_t>(dst) & 4095;
   const size_t chunk = kPullChunk / reducer->elem_size * reducer->elem_size;
   for (size_t off = 0; off < s.nbytes; off += chunk) {
     const size_t n = std::min(chunk, s.nbytes - off);
     link->read_remote(tmp, addr + off, n);
-    reducer->fn(s.dst + off, s.src + off, tmp, n / reducer->elem_size);
-    if (s.divide) reducer->divide(s.dst + off, n / reducer->elem_size, world_);
+    reducer->fn(dst + off, src + off, tmp, n / reducer->elem_size);
+    if (s.divide) reducer->divide(dst + off, n / reducer->elem_size, world_);
   }
 }
 
@@ -82,13 +86,14 @@ void Executor::check_header(const MsgTag& expect, int peer, uint64_t segment, co
 // Moves one step as far as its FIFOs allow. Returns whether anything moved.
 bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
   bool moved = false;
+  const MsgTag& tag = *tag_;
   if (s.kind == StepKind::kAckPull) {
-    transport_->link(s.send_peer)->ack_pull(s.tag->seq);
+    transport_->link(s.send_peer)->ack_pull(tag.seq);
     p.complete = true;
     return true;
   }
   if (s.kind == StepKind::kAwaitPull) {
-    p.complete = transport_->link(s.recv_peer)->pulled() >= s.tag->seq;
+    p.complete = transport_->link(s.recv_peer)->pulled() >= tag.seq;
     return p.complete;
   }
   if (is_pull(s.kind)) {
@@ -96,19 +101,24 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     p.complete = true;
     return true;
   }
+  char* const dst = bufs_->at(s.dst);
+  const char* const src = bufs_->at(s.src);
   if (is_local(s.kind)) {
     if (s.kind == StepKind::kFence) {
     } else if (s.kind == StepKind::kLocalCopy) {
-      const bool apart = s.dst + s.nbytes <= s.src || s.src + s.nbytes <= s.dst;
+      const bool apart = dst + s.nbytes <= src || src + s.nbytes <= dst;
       if (s.nbytes >= kStreamingCopyMinBytes && apart) {
-        copy_streaming(s.dst, s.src, s.nbytes);
+        copy_streaming(dst, src, s.nbytes);
       } else if (s.nbytes) {
-        std::memmove(s.dst, s.src, s.nbytes);
+        std::memmove(dst, src, s.nbytes);
       }
+    } else if (s.kind == StepKind::kPublish) {
+      const uint64_t a = reinterpret_cast<uintptr_t>(src);
+      std::memcpy(dst, &a, sizeof(a));
     } else {
       size_t n = s.nbytes / reducer->elem_size;
-      reducer->fn(s.dst, s.src, s.src2, n);
-      if (s.divide) reducer->divide(s.dst, n, world_);
+      reducer->fn(dst, src, bufs_->at(s.src2), n);
+      if (s.divide) reducer->divide(dst, n, world_);
     }
     p.complete = true;
     return true;
@@ -124,53 +134,53 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
       h = in->recv_peek(&payload);
       if (!h) break;
       bool absorbed = false;
-      if (absorbed_p2p(*s.tag, s.recv_peer, *h, &absorbed)) {
+      if (absorbed_p2p(tag, s.recv_peer, *h, &absorbed)) {
         if (!absorbed) break;  // the rest of that message has not arrived (or cannot be held yet)
         moved = true;
         continue;  // the collective's own data may be next
       }
-      check_header(*s.tag, s.recv_peer, p.segment, *h, n);
+      check_header(tag, s.recv_peer, p.segment, *h, n);
     }
     char* slot_ptr = nullptr;
     if (out) {
-      const void* align_to = s.kind == StepKind::kSend             ? s.src + p.done
-                             : s.kind == StepKind::kRecvReduceSend ? s.src + p.done
-                                                                   : s.dst + p.done;
+      const void* align_to = s.kind == StepKind::kSend             ? src + p.done
+                             : s.kind == StepKind::kRecvReduceSend ? src + p.done
+                                                                   : dst + p.done;
       slot_ptr = out->send_slot(page_offset(align_to));
       if (!slot_ptr) break;
     }
     const size_t elems = reducer ? n / reducer->elem_size : 0;
     switch (s.kind) {
       case StepKind::kSend:
-        if (n) std::memcpy(slot_ptr, s.src + p.done, n);
+        if (n) std::memcpy(slot_ptr, src + p.done, n);
         break;
       case StepKind::kRecv:
         if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
-          copy_streaming(s.dst + p.done, payload, n);
+          copy_streaming(dst + p.done, payload, n);
         } else if (n) {
-          std::memcpy(s.dst + p.done, payload, n);
+          std::memcpy(dst + p.done, payload, n);
         }
         break;
       case StepKind::kRecvReduce:
-        reducer->fn(s.dst + p.done, s.src + p.done, payload, elems);
-        if (s.divide) reducer->divide(s.dst + p.done, elems, world_);
+        reducer->fn(dst + p.done, src + p.done, payload, elems);
+        if (s.divide) reducer->divide(dst + p.done, elems, world_);
         break;
       case StepKind::kRecvReduceSend:
-        reducer->fn(slot_ptr, s.src + p.done, payload, elems);
+        reducer->fn(slot_ptr, src + p.done, payload, elems);
         break;
       case StepKind::kRecvReduceCopySend:
-        reducer->fn(s.dst + p.done, s.src + p.done, payload, elems);
-        if (s.divide) reducer->divide(s.dst + p.done, elems, world_);
-        if (n) std::memcpy(slot_ptr, s.dst + p.done, n);
+        reducer->fn(dst + p.done, src + p.done, payload, elems);
+        if (s.divide) reducer->divide(dst + p.done, elems, world_);
+        if (n) std::memcpy(slot_ptr, dst + p.done, n);
         break;
       case StepKind::kRecvCopySend:
         // Both copies read the payload (in cache), not dst (it may have been
         // written around the cache).
         if (n) std::memcpy(slot_ptr, payload, n);
         if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
-          copy_streaming(s.dst + p.done, payload, n);
+          copy_streaming(dst + p.done, payload, n);
         } else if (n) {
-          std::memcpy(s.dst + p.done, payload, n);
+          std::memcpy(dst + p.done, payload, n);
         }
         break;
       default:
@@ -178,7 +188,7 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     }
     if (out) {
       MsgHeader oh;
-      oh.tag = *s.tag;
+      oh.tag = tag;
       oh.nbytes = static_cast<uint32_t>(n);
       oh.segment = p.segment;
       out->send_commit(oh);
@@ -192,6 +202,114 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
   return moved;
 }
 
+namespace {
+
+constexpr size_t kFlatMaxSteps = 64;
+
+}  // namespace
+
+bool Executor::run_flat(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
+                        const CallInfo& info) {
+  const size_t n = steps.size();
+  if (n > kFlatMaxSteps) return false;
+  // The transfers first (plain sends and receives of at most one segment,
+  // no `after`, each on a FIFO no other step of the plan uses), then only
+  // local steps.
+  size_t transfers = 0;
+  for (; transfers < n; ++transfers) {
+    const Step& s = steps[transfers];
+    if (s.kind != StepKind::kSend && s.kind != StepKind::kRecv) break;
+    if (s.after != SIZE_MAX) return false;
+    for (size_t j = 0; j < transfers; ++j) {
+      const Step& o = steps[j];
+      if (o.kind == s.kind && (s.kind == StepKind::kSend ? o.send_peer == s.send_peer : o.recv_peer == s.recv_peer)) {
+        return false;
+      }
+    }
+  }
+  for (size_t i = transfers; i < n; ++i) {
+    if (!is_local(steps[i].kind)) return false;
+  }
+  size_t left = transfers;
+  bool too_big = false;  // a transfer of more than one segment: the general passes take over
+  drive(
+      [&] {
+        bool moved = false;
+        if (left) {
+          for (size_t i = 0; i < transfers; ++i) {
+            if (progress_[i].complete) continue;
+            const int r = flat_transfer(steps[i], progress_[i]);
+            if (r < 0) {
+              too_big = true;
+              first_ = n;  // leaves drive(); run() resets it
+              return true;
+            }
+            if (r) {
+              moved = true;
+              --left;
+            }
+          }
+          if (left) return moved;
+        }
+        // Everything before them is complete: the local steps, in order.
+        for (; first_ < n; ++first_) {
+          if (first_ >= transfers) advance(steps[first_], progress_[first_], reducer);
+        }
+        return true;
+      },
+      [&] { return first_ >= n; }, deadline, info,
+      [&] {
+        while (first_ < n && progress_[first_].complete) ++first_;
+        fail_timeout(steps, *info_);
+      });
+  if (too_big) first_ = 0;  // progress_ holds what moved: the general passes go on from there
+  return !too_big;
+}
+
+// A send or receive of one segment (run_flat): advance() without the
+// general loop.
+int Executor::flat_transfer(const Step& s, StepProgress& p) {
+  if (s.kind == StepKind::kSend) {
+    Link* out = transport_->link(s.send_peer);
+    if (s.nbytes > out->slot_bytes()) return -1;
+    const char* src = bufs_->at(s.src);
+    char* slot = out->send_slot(page_offset(src));
+    if (!slot) return 0;
+    if (s.nbytes) std::memcpy(slot, src, s.nbytes);
+    MsgHeader oh;
+    oh.tag = *tag_;
+    oh.nbytes = static_cast<uint32_t>(s.nbytes);
+    oh.segment = 0;
+    out->send_commit(oh);
+  } else {
+    Link* in = transport_->link(s.recv_peer);
+    if (s.nbytes > in->slot_bytes()) return -1;
+    for (;;) {
+      const char* payload = nullptr;
+      const MsgHeader* h = in->recv_peek(&payload);
+      if (!h) return 0;
+      bool absorbed = false;
+      if (absorbed_p2p(*tag_, s.recv_peer, *h, &absorbed)) {
+        if (!absorbed) return 0;
+        continue;  // the collective's own data may be next
+      }
+      check_header(*tag_, s.recv_peer, 0, *h, s.nbytes);
+      char* dst = bufs_->at(s.dst);
+      if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {  // as advance() copies
+        copy_streaming(dst, payload, s.nbytes);
+      } else if (s.nbytes) {
+        std::memcpy(dst, payload, s.nbytes);
+      }
+      in->recv_release();
+      break;
+    }
+  }
+  p.done = s.nbytes;
+  p.segment = 1;
+  p.complete = true;
+  return 1;
+}
+
 // One pass over the active window, in the order comm/step_order.h sets.
 bool Executor::pass(const Schedule& steps, const Reducer* reducer, size_t window) {
   // Steps appended by a refill get their progress here.
@@ -203,7 +321,7 @@ bool Executor::pass(const Schedule& steps, const Reducer* reducer, size_t window
 namespace {
 
 std::string call_text(const CallInfo& info) {
-  return info.op + " (seq " + std::to_string(info.seq) + ") on rank " + std::to_string(info.rank);
+  return std::string(info.op) + " (seq " + std::to_string(info.seq) + ") on rank " + std::to_string(info.rank);
 }
 
 // A peer that failed with a mismatch makes this rank's error a mismatch too.
@@ -269,7 +387,7 @@ std::string Executor::peers_activity(const CallInfo& info) const {
     CallRecordView r;
     if (!transport_->peer_call(p, p2p, &r)) continue;
     std::string s = "rank " + std::to_string(p) + " ";
-    const std::string mine = info.op + " (seq " + std::to_string(info.seq) + ")";
+    const std::string mine = std::string(info.op) + " (seq " + std::to_string(info.seq) + ")";
     if (p2p) {
       // Point-to-point counters run per pair and direction: just say what it did last.
       s += r.state == static_cast<uint8_t>(CallState::kNone) ? "has made no send/recv call yet"
@@ -306,15 +424,20 @@ void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
 
 void Executor::throw_timeout(const CallInfo& info, const std::string& what) const {
   std::string peers = peers_activity(info);
-  throw TimeoutError("ringcomm: " + info.op + " (seq " + std::to_string(info.seq) + ") on rank " +
+  throw TimeoutError("ringcomm: " + std::string(info.op) + " (seq " + std::to_string(info.seq) + ") on rank " +
                      std::to_string(rank_) + ": Timed out after " + seconds_text(info.timeout_s) + " s " + what +
                      (peers.empty() ? " (did every rank call it?)" : ": " + peers));
 }
 
-void Executor::run(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
-                   const CallInfo& info, const std::function<bool()>* refill) {
+void Executor::run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
+                   const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill) {
+  bufs_ = &bufs;
+  tag_ = &tag;
   first_ = 0;
-  progress_.assign(steps.size(), StepProgress{});  // within the reserved capacity: no allocation
+  progress_.resize(steps.size());  // within the reserved capacity: no allocation
+  for (StepProgress& p : progress_) p = StepProgress{};
+  if (!refill && run_flat(steps, reducer, deadline, info)) return;
+  // (run_flat may have moved some steps before handing over: progress_ says which.)
   const size_t window = refill ? SIZE_MAX / 2 : step_window(world_);
   drive([&] {
           bool changed = refill && (*refill)();

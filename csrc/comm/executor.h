@@ -29,7 +29,9 @@ struct WaitPolicy {
 
 // What a failing executor reports about the call it was running.
 struct CallInfo {
-  std::string op;  // "all_reduce"
+  // "all_reduce", "send to rank 3 (tag 5)": the name of the running call,
+  // which outlives its run (no string is copied per call).
+  const char* op = "";
   uint64_t seq = 0;
   int rank = -1;
   double timeout_s = 0;
@@ -51,17 +53,19 @@ class Executor {
   // head of peer p's FIFO (comm/p2p_match.cpp): it must take what has
   // arrived of it out of the way; returns whether anything moved.
   void set_p2p_absorb(std::function<bool(int)> absorb) { absorb_ = std::move(absorb); }
-  // The same for callers that read FIFOs themselves (the latency paths):
-  // whether `h` from `peer` was a point-to-point message, handed over.
+  // The same for a receive of run(): whether `h` from `peer` was a
+  // point-to-point message, handed over.
   bool absorbed_p2p(const MsgTag& expect, int peer, const MsgHeader& h, bool* moved) {
     if (h.tag.kind != kP2pKind || expect.kind == kP2pKind || !absorb_) return false;
     if (absorb_(peer)) *moved = true;
     return true;
   }
 
-  // Runs `steps` to completion. Throws TimeoutError (naming the op, sequence
-  // number, this rank and the peer waited for) or Error (mismatched headers,
-  // a peer that aborted). `deadline` and `info` are read as the run goes.
+  // Runs `steps` to completion over the call's buffers `bufs` (each step's
+  // BufRefs resolve against them), every message carrying the header `tag`.
+  // Throws TimeoutError (naming the op, sequence number, this rank and the
+  // peer waited for) or Error (mismatched headers, a peer that aborted).
+  // `deadline` and `info` are read as the run goes.
   //
   // `refill`, when given, runs before every pass and may append steps (and
   // move `deadline` / `info` to the oldest unfinished call): that is how a
@@ -71,13 +75,13 @@ class Executor {
   //
   // `steps` is only read: the progress of each step is the executor's own
   // (step_complete), so a schedule may be kept and run again.
-  void run(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
-           const CallInfo& info, const std::function<bool()>* refill = nullptr);
+  void run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
+           const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill = nullptr);
   // Whether step i of the schedule being run (or run last) is complete.
   bool step_complete(size_t i) const { return i < progress_.size() && progress_[i].complete; }
 
   // The waiting loop of run(), for callers that move data themselves (the
-  // small all_reduce path): calls `step` (returns whether anything moved)
+  // send/recv groups): calls `step` (returns whether anything moved)
   // until `done()`, spinning, yielding, then sleeping between fruitless
   // steps; past the deadline calls `on_timeout` (which must throw); fails
   // when a peer announced an abort.
@@ -100,6 +104,18 @@ class Executor {
 
  private:
   bool pass(const Schedule& steps, const Reducer* reducer, size_t window);
+  // Plans of the latency path's shape (the one-shot all_reduce of a small
+  // message, a barrier round, ...): a few plain sends and receives of one
+  // segment each, every one on a FIFO of its own, then local steps. The
+  // ordering rules (comm/step_order.h) then reduce to "the transfers in any
+  // order, then the local steps in list order", which run_flat does without
+  // the general passes. Returns false for other plans (having done nothing,
+  // or, when a transfer turns out to need more than one segment, with
+  // progress_ saying what moved: the general passes go on from there).
+  bool run_flat(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
+                const CallInfo& info);
+  // 1: done, 0: must wait, -1: more than one segment (not moved).
+  int flat_transfer(const Step& s, StepProgress& p);
   bool advance(const Step& s, StepProgress& p, const Reducer* reducer);
   void pull(const Step& s, const Reducer* reducer);
   [[noreturn]] void fail_timeout(const Schedule& steps, const CallInfo& info);
@@ -121,6 +137,8 @@ class Executor {
   FifoMarks busy_;
   std::vector<char> pull_tmp_;
   const CallInfo* info_ = nullptr;
+  const PlanBuffers* bufs_ = nullptr;  // the running schedule's buffers and header
+  const MsgTag* tag_ = nullptr;
   Clock::time_point last_poll_{};       // poll_peers
   Clock::time_point last_interrupt_{};  // interrupt check
 };
@@ -138,6 +156,7 @@ void Executor::drive(StepF&& step, DoneF&& done, const Clock::time_point& deadli
     if (transport_->any_peer_aborted()) check_peers_alive();
     for (;;) {
       if (step()) {
+        if (done()) return;
         idle = 0;
         // A long transfer that never waits still looks at aborts and Ctrl-C.
         if ((++busy & 1023) == 0) periodic_checks(Clock::now(), false);

@@ -27,19 +27,19 @@ void IpcCollectives::all_reduce(uint64_t seq, char* x, size_t count, DataType dt
       ch_->two_shot_all_reduce(dtype, op, x, x, count);
       return;
     default: {
-      CallPlan call{OpKind::kAllReduce, x, nullptr, count, -1, op == ReduceOp::kAvg};
+      AddressedCall call{OpKind::kAllReduce, x, nullptr, count, -1, op == ReduceOp::kAvg};
       call.algo = family;
       run("all_reduce", seq, call, dtype, op);
     }
   }
 }
 
-void IpcCollectives::run(const char* what, uint64_t seq, const CallPlan& call, DataType dtype, ReduceOp op) {
+void IpcCollectives::run(const char* what, uint64_t seq, const AddressedCall& call, DataType dtype, ReduceOp op) {
   const size_t elem = dtype_size(dtype);
   // Families that need scratch (doubling, tree reduce) get a buffer that
   // only grows: no allocation per call once it is big enough.
-  CallPlan planned = call;
-  const size_t need = scratch_bytes(call, elem, ch_->world());
+  AddressedCall planned = call;
+  const size_t need = scratch_bytes(plan_of(call, elem, ch_->world()), elem, ch_->world());
   if (need > scratch_cap_) {
     if (scratch_) ch_->memory().free_scratch(scratch_);
     scratch_ = nullptr;
@@ -50,10 +50,10 @@ void IpcCollectives::run(const char* what, uint64_t seq, const CallPlan& call, D
   if (need) planned.scratch = scratch_;
   schedule_.clear();
   const size_t chunk = ch_->geometry().slot_bytes;
-  PlanContext ctx{ch_->rank(), ch_->world(), elem, std::max<size_t>(1, chunk / elem), &tag_, &schedule_, nullptr};
-  plan_call(ctx, planned);
+  PlanContext ctx{ch_->rank(), ch_->world(), elem, std::max<size_t>(1, chunk / elem), &schedule_};
+  plan_call(ctx, plan_of(planned, elem, ch_->world()));
   ch_->begin(what, seq);
-  executor_.run(schedule_, ops_, dtype, op);
+  executor_.run(schedule_, buffers_of(planned), ops_, dtype, op);
 }
 
 void IpcCollectives::p2p(const char* what, uint64_t seq, const std::vector<IpcP2p>& ops) {

@@ -38,7 +38,7 @@ class IpcCollectives {
   void all_reduce(uint64_t seq, char* x, size_t count, DataType dtype, ReduceOp op, Algo chosen,
                   Algo family = Algo::kAuto);
   // Any collective through its schedule (plan_call); call.algo picks the family.
-  void run(const char* what, uint64_t seq, const CallPlan& call, DataType dtype, ReduceOp op);
+  void run(const char* what, uint64_t seq, const AddressedCall& call, DataType dtype, ReduceOp op);
   void p2p(const char* what, uint64_t seq, const std::vector<IpcP2p>& ops);
 
  private:
@@ -46,7 +46,6 @@ class IpcCollectives {
   IpcThresholds th_;
   IpcDeviceOps ops_;
   DeviceExecutor executor_;
-  MsgTag tag_;
   Schedule schedule_;
   char* scratch_ = nullptr;  // the families that need scratch (call_plan.h scratch_bytes)
   size_t scratch_cap_ = 0;

@@ -1,40 +1,24 @@
-// The plan cache: the schedules plan_call built, kept per call signature and
-// re-based onto each new call's buffers, so that a program repeating its
-// calls (a training loop, with fresh tensors every step) does not plan them
-// again.
+// The plan cache: the plans plan_call built, kept per call signature, so
+// that a program repeating its calls (a training loop, with fresh tensors
+// every step) does not plan them again.
 //
-// A schedule is a function of the call (op, count, root, family, AVG,
-// element size: CallPlan and PlanContext::elem) and of the communicator
-// (rank, world, slice, ring order, topology), except for the addresses its
-// steps hold: each is the call's output, input or scratch plus an offset, or
-// the call's header (MsgTag, whose seq changes every call). So a plan is
-// built once more over symbolic buffers, each at the base of an address
-// region of its own (plan_cache.cpp), and kept as built; a call of the same signature
-// gets a copy re-based: every pointer moved from its region onto the call's
-// buffer (the same offset), every header pointer onto the call's header,
-// every `after` past the steps already in the schedule. A hit is therefore
-// the step-for-step equal of planning afresh, whatever the new addresses.
-//
-// The one relation between buffers a schedule looks at is equality (a copy
-// onto itself is skipped, algo/verbs.h push_copy), which only the in-place
-// forms make (the input is this rank's block of the output, or the other
-// way round): the signature holds how the input sits in the output when the
-// two overlap, and the symbolic input sits the same way. The element type
-// is not in it: plan_call never sees one (int32 and float32 share a plan).
-//
-// A miss runs the plan built from the call's own buffers, as without a
-// cache, and keeps the symbolic one only if, re-based onto those buffers, it
-// equals that plan step for step. Never kept (planned afresh every time,
-// counted as `uncached`): pull schedules, whose steps read the address table
-// and whose planning writes this rank's address into it; and, checked when
-// the plan is built, never assumed, a plan with a step pointing anywhere but
-// the call's buffers and header, one that wrote into the address table, one
-// that differs from the fresh plan, and one longer than the step budget.
-// The barrier and agree_on_call's rounds do not come here.
+// A plan names the call's buffers by id and offset, never by address, and
+// carries no header (algo/step.h): it is a pure function of the call's
+// signature (CallPlan: op, buffers' form, count, root, AVG, family; and
+// PlanContext::elem, ::slice_elems) and of the communicator (rank, world,
+// ring order, topology). So a kept plan is run as it stands on every later
+// call of that signature, whatever its buffers: a hit is one lookup.
+// Pull plans are kept like the others (their steps name the address table
+// by id; the address they publish is resolved when they run). The element
+// type is not in the signature: plan_call never sees one (int32 and float32
+// share a plan). The in-place forms are (CallPlan::in names a block of the
+// output): they never share a plan with the out-of-place ones.
 //
 // Bounded: at most `capacity` plans and kMaxSteps steps (about 10 MB)
-// together; the least recently used go first. One thread at a time plans
-// (the communicator runs one call at a time); stats() may be read from any.
+// together; the least recently used go first; a plan longer than the step
+// budget is built every time (counted as `uncached`). One thread at a time
+// plans (the communicator runs one call at a time); stats() may be read
+// from any.
 #pragma once
 
 #include <atomic>
@@ -49,13 +33,19 @@
 namespace ringcomm {
 
 struct PlanCacheStats {
-  uint64_t hits = 0;       // calls whose plan was re-based from the cache
+  uint64_t hits = 0;       // calls whose plan came from the cache
   uint64_t misses = 0;     // calls planned and kept
-  uint64_t uncached = 0;   // calls planned that are not kept (pull, over budget, ...)
+  uint64_t uncached = 0;   // calls planned that are not kept (over the step budget)
   uint64_t evictions = 0;  // plans dropped to make room
-  size_t entries = 0;      // signatures held (those never kept included)
+  size_t entries = 0;      // plans held
   size_t steps = 0;        // steps held, all plans together
   size_t capacity = 0;     // 0: the cache is off
+};
+
+// One call's plan: its steps and the family its messages carry (MsgTag::algo).
+struct Plan {
+  ScheduleFamily family = kFamilyFifo;
+  Schedule steps;
 };
 
 class PlanCache {
@@ -66,55 +56,56 @@ class PlanCache {
   // capacity 0 turns the cache off: plan() is plan_call, counting nothing.
   explicit PlanCache(size_t capacity = kDefaultEntries, size_t max_steps = kMaxSteps);
 
-  // As plan_call(c, call): appends the call's steps to c.out and returns the
-  // family, from the cache when it holds the call's signature.
-  ScheduleFamily plan(const PlanContext& c, const CallPlan& call);
+  // The plan of `call` in context `c` (c.out is ignored): the kept one, or
+  // one built now. The reference stays valid until the next plan() or clear().
+  const Plan& plan(const PlanContext& c, const CallPlan& call);
   // Forget every plan (the ring order or the topology changed).
   void clear();
   PlanCacheStats stats() const;
+  // Whether `p` (from plan()) is kept, and until when: a kept plan stays
+  // where it is while generation() is unchanged (it moves on eviction and
+  // clear()). A caller that remembers the plan of its last call and sees
+  // the same call again takes it without a lookup, and counts the hit here.
+  bool kept(const Plan& p) const { return &p != &fresh_; }
+  uint64_t generation() const { return generation_; }
+  void count_hit() { hits_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   struct Key {
-    OpKind kind;
-    Algo algo;
-    bool avg;
-    uint8_t buffers;  // kHasOut | kHasIn | kAliased
-    int root;
-    size_t count;
+    CallPlan call;
     size_t elem;
     size_t slice_elems;
-    int64_t alias;  // in - out, when they overlap
-    bool operator==(const Key& o) const;
+    bool operator==(const Key& o) const {
+      return call == o.call && elem == o.elem && slice_elems == o.slice_elems;
+    }
   };
   struct KeyHash {
     size_t operator()(const Key& k) const;
   };
   struct Entry {
     Key key;
-    bool kept = false;  // false: this signature is planned afresh every time
-    ScheduleFamily family = kFamilyFifo;
-    Schedule steps;  // over the symbolic buffers (tag: kSymbolicTag)
+    Plan plan;
   };
   // The communicator's side of every plan (any change: clear()).
   struct Context {
     int rank = -1, world = 0, ring_pos = 0;
     const int* ring = nullptr;
     const Topology* topo = nullptr;
+    const int* members = nullptr;
     bool operator==(const Context& o) const;
   };
 
-  // Plans `call` over the symbolic buffers into a new entry (kept or not).
-  Entry& build(const PlanContext& c, const CallPlan& call, const Key& key);
+  const Plan& build(const PlanContext& c, const Key& key);
   void evict_for(size_t steps);
-  void rebase(const Entry& e, const PlanContext& c, const CallPlan& call) const;
 
   const size_t capacity_;
   const size_t max_steps_;
   Context context_;
   std::list<Entry> lru_;  // most recently used first
   std::unordered_map<Key, std::list<Entry>::iterator, KeyHash> index_;
-  std::vector<uint64_t> addrs_;  // the address table symbolic plans see
+  Plan fresh_;  // a plan that is not kept (cache off, over the budget)
   size_t held_steps_ = 0;
+  uint64_t generation_ = 0;
   std::atomic<uint64_t> hits_{0}, misses_{0}, uncached_{0}, evictions_{0};
   std::atomic<size_t> entries_{0}, steps_{0};
 };

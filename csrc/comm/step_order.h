@@ -8,7 +8,8 @@
 // it (messages on a FIFO stay in list order); a step whose `after` is not
 // complete waits, holding its FIFOs' place; pull steps use no FIFO and do
 // not wait for other steps; a local step runs only when everything before it
-// is complete, and nothing after it starts before it is.
+// is complete (also when they completed earlier in the same pass), and
+// nothing after it starts before it is.
 #pragma once
 
 #include <algorithm>
@@ -36,10 +37,18 @@ inline size_t step_window(int world) { return static_cast<size_t>(4 * world + 8)
 // the FIFO to it (send) or from it (recv). Sized to the world once.
 struct FifoMarks {
   std::vector<uint8_t> send, recv;
+  bool any = false;  // a mark was set since the last clear (most passes set none)
   explicit FifoMarks(int world = 0) : send(world), recv(world) {}
+  void mark(const Step& s) {
+    if (uses_recv(s.kind)) recv[s.recv_peer] = 1;
+    if (uses_send(s.kind)) send[s.send_peer] = 1;
+    any = true;
+  }
   void clear() {
+    if (!any) return;
     std::fill(send.begin(), send.end(), 0);
     std::fill(recv.begin(), recv.end(), 0);
+    any = false;
   }
 };
 
@@ -53,30 +62,35 @@ bool ordered_pass(const Schedule& steps, StepProgress* progress, size_t* first, 
                   Advance&& advance) {
   busy.clear();
   bool moved = false;
+  // Whether every step before i is complete (those this pass completed too):
+  // a local step runs then, and the steps after it may start in this pass.
+  bool prefix_done = true;
   const size_t end = std::min(steps.size(), *first + window);
   for (size_t i = *first; i < end; ++i) {
     const Step& s = steps[i];
     if (progress[i].complete) continue;
     if (is_local(s.kind)) {
-      if (i == *first) moved |= advance(i);
-      break;
+      if (prefix_done) moved |= advance(i);
+      if (!progress[i].complete) break;
+      continue;
     }
     if (s.after != SIZE_MAX && !progress[s.after].complete) {
       // Not ready: still holds its FIFOs' place so later messages stay behind it.
-      if (uses_recv(s.kind)) busy.recv[s.recv_peer] = 1;
-      if (uses_send(s.kind)) busy.send[s.send_peer] = 1;
+      busy.mark(s);
+      prefix_done = false;
       continue;
     }
     if (is_pull(s.kind)) {
       moved |= advance(i);
+      prefix_done = prefix_done && progress[i].complete;
       continue;
     }
     const bool rb = uses_recv(s.kind) && busy.recv[s.recv_peer];
     const bool sb = uses_send(s.kind) && busy.send[s.send_peer];
     if (!rb && !sb) moved |= advance(i);
     if (!progress[i].complete) {
-      if (uses_recv(s.kind)) busy.recv[s.recv_peer] = 1;
-      if (uses_send(s.kind)) busy.send[s.send_peer] = 1;
+      busy.mark(s);
+      prefix_done = false;
     }
   }
   while (*first < steps.size() && progress[*first].complete) ++*first;

@@ -140,7 +140,7 @@ void bind_device_sim(py::module_& m) {
           threads.emplace_back([&, r] {
             try {
               const size_t elem = dtype_size(dtype);
-              CallPlan call;
+              AddressedCall call;
               call.kind = k;
               call.out = o[r].ptr;
               call.in = i[r].ptr;
@@ -151,13 +151,12 @@ void bind_device_sim(py::module_& m) {
               call.algo = family;
               std::vector<char> scratch(2 * call.count * elem + 1);  // host memory stands in for the device's
               call.scratch = scratch.data();
-              MsgTag tag;
               Schedule steps;
-              PlanContext ctx{r, world, elem, std::max<size_t>(1, chunk_bytes / elem), &tag, &steps, nullptr};
-              plan_call(ctx, call);
+              PlanContext ctx{r, world, elem, std::max<size_t>(1, chunk_bytes / elem), &steps};
+              plan_call(ctx, plan_of(call, elem, world));
               DeviceExecutor ex(chunk_bytes);
               SimOps ops(&fabric, r);
-              ex.run(steps, ops, dtype, rop);
+              ex.run(steps, buffers_of(call), ops, dtype, rop);
             } catch (...) {
               errors[r] = std::current_exception();
             }

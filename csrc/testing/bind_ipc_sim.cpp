@@ -119,7 +119,7 @@ void bind_ipc_sim(py::module_& m) {
             const ReduceOp rop = static_cast<ReduceOp>(op);
             const int world = c.ch().world();
             check_call(describe_call(k, c.ch().rank(), world, o, i, root, rop));
-            CallPlan call;
+            AddressedCall call;
             call.kind = k;
             call.out = o.ptr;
             call.in = i.ptr;

@@ -24,18 +24,15 @@ void tamper_with(Schedule& steps, size_t i, const std::string& field) {
   }
   Step& s = steps[i];
   if (field == "dst") {
-    s.dst += 1;
+    s.dst += 1;  // one byte on, in the same buffer
   } else if (field == "src") {
     s.src += 1;
   } else if (field == "nbytes") {
     s.nbytes += 1;
-  } else if (field == "tag") {
-    static const MsgTag stale{};
-    s.tag = &stale;
   } else if (field == "after") {
     s.after = s.after == SIZE_MAX ? 0 : SIZE_MAX;
   } else {
-    throw ValueError("plan cache check: tamper: field must be dst, src, nbytes, tag or after, got '" + field + "'");
+    throw ValueError("plan cache check: tamper: field must be dst, src, nbytes or after, got '" + field + "'");
   }
 }
 
@@ -43,7 +40,7 @@ void tamper_with(Schedule& steps, size_t i, const std::string& field) {
 
 void bind_plan_cache(py::module_& m) {
   py::class_<PlanCacheChecker>(m, "PlanCacheChecker",
-                               "Test hook: one rank's plan cache over fake buffers, each plan it hands out "
+                               "Test hook: one rank's plan cache, each plan it hands out "
                                "compared with a fresh one (testing/plan_cache_check.h). Not public API.")
       .def(py::init([](int rank, int world, size_t capacity, size_t max_steps, std::optional<std::vector<int>> ring,
                        std::optional<std::vector<int>> hosts, size_t slice_elems) {
@@ -56,22 +53,20 @@ void bind_plan_cache(py::module_& m) {
       .def(
           "plan",
           [](PlanCacheChecker& ch, const std::string& op, const std::string& algo, size_t count, size_t elem_size,
-             int root, bool avg, uintptr_t out, uintptr_t in, uintptr_t scratch, bool in_place, size_t prefix,
+             int root, bool avg, bool has_out, bool has_in, bool in_place,
              std::optional<std::tuple<size_t, std::string>> tamper) {
             CacheCheckCall c;
-            c.kind = collective_arg(op, /*barrier_ok=*/false);
-            c.algo = algo_arg(op, c.kind, algo);
+            c.kind = collective_arg(op);
+            c.algo = c.kind == OpKind::kBarrier ? Algo::kAuto : algo_arg(op, c.kind, algo);
             c.count = count;
             c.elem = elem_size;
             c.root = root;
             c.avg = avg;
-            c.out = out;
-            c.in = in;
-            c.scratch = scratch;
+            c.has_out = has_out;
+            c.has_in = has_in;
             c.in_place = in_place;
-            c.prefix = prefix;
             std::function<void(Schedule&)> hook;
-            if (tamper) hook = [&](Schedule& s) { tamper_with(s, prefix + std::get<0>(*tamper), std::get<1>(*tamper)); };
+            if (tamper) hook = [&](Schedule& s) { tamper_with(s, std::get<0>(*tamper), std::get<1>(*tamper)); };
             const CacheCheckResult r = ch.plan(c, hook);
             py::dict d;
             d["mismatch"] = r.mismatch;
@@ -82,11 +77,12 @@ void bind_plan_cache(py::module_& m) {
             return d;
           },
           py::arg("op"), py::arg("algo") = "auto", py::arg("count") = 0, py::arg("elem_size") = 4, py::arg("root") = -1,
-          py::arg("avg") = false, py::arg("out") = 0, py::arg("in_") = 0, py::arg("scratch") = 0,
-          py::arg("in_place") = false, py::arg("prefix") = 0, py::arg("tamper") = py::none(),
+          py::arg("avg") = false, py::arg("has_out") = true, py::arg("has_in") = true, py::arg("in_place") = false,
+          py::arg("tamper") = py::none(),
           "Plans one call through the cache and afresh: a dict with 'mismatch' (empty when they are equal, "
-          "else the first step and field that differ), 'hit', 'kept', 'family' and 'steps'. Buffers are fake "
-          "addresses (0: absent); tamper=(step, field) changes the cached plan first.")
+          "else the first step and field that differ), 'hit', 'kept', 'family' and 'steps'. has_out / has_in: "
+          "which buffers the call has (a rooted call's absent side); in_place: the in-place form; "
+          "tamper=(step, field) changes a copy of the cached plan first.")
       .def("stats", [](const PlanCacheChecker& ch) { return plan_cache_stats_dict(ch.stats()); })
       .def("clear", &PlanCacheChecker::clear);
 }

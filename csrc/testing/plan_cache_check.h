@@ -1,9 +1,10 @@
 // The plan cache's checker: one rank's PlanCache (comm/plan_cache.h) planning
-// calls over fake buffers at addresses the caller picks (never read or
-// written), every plan it hands out compared step by step with the plan
-// plan_call builds afresh from the same call. The tests drive it over every
-// op, family, world size, rank, count and root, moving the buffers between
-// calls as a training loop's fresh tensors move, and read which calls hit.
+// calls, every plan it hands out compared step by step with the plan
+// plan_call builds afresh from the same call. Plans name buffers by id and
+// offset (algo/step.h), so no buffer is involved: the tests drive it over
+// every op, family, world size, rank, count, root and buffer form (present
+// or absent, in place or not) and read which calls hit; that a kept plan
+// computes the right answers on fresh buffers the spawned-rank tests check.
 #pragma once
 
 #include <cstddef>
@@ -17,19 +18,18 @@
 namespace ringcomm {
 
 struct CacheCheckCall {
-  OpKind kind = OpKind::kAllReduce;  // a collective (not the barrier)
+  OpKind kind = OpKind::kAllReduce;  // a collective or the barrier
   Algo algo = Algo::kAuto;           // as CallPlan::algo
   size_t count = 0;                  // elements, as CallPlan::count
   size_t elem = 4;
   int root = -1;
   bool avg = false;
-  // Fake addresses of the buffers (0: absent, as a rooted call's other
-  // side). in_place: the one overlap the communicator allows, made from
-  // these: reduce_scatter and scatter's output is this rank's block of the
-  // input, all_gather and gather's input this rank's block of the output.
-  uintptr_t out = 0, in = 0, scratch = 0;
+  // Which buffers the call has (a rooted call's other side may be absent),
+  // and in_place: the one overlap the communicator allows: reduce_scatter
+  // and scatter's output is this rank's block of the input, all_gather and
+  // gather's input this rank's block of the output.
+  bool has_out = true, has_in = true;
   bool in_place = false;
-  size_t prefix = 0;  // steps already in the schedule the call is appended to
 };
 
 struct CacheCheckResult {
@@ -47,8 +47,8 @@ class PlanCacheChecker {
   PlanCacheChecker(int rank, int world, size_t capacity, size_t max_steps, std::vector<int> ring,
                    std::vector<int> hosts, size_t slice_elems);
   // Plans `call` through the cache and afresh and compares the two;
-  // `tamper` changes the cache's plan first (how the tests prove a
-  // difference is reported). ValueError for a call that is not valid.
+  // `tamper` changes a copy of the cache's plan first (how the tests prove
+  // a difference is reported). ValueError for a call that is not valid.
   CacheCheckResult plan(const CacheCheckCall& call, const std::function<void(Schedule&)>& tamper = {});
   PlanCacheStats stats() const { return cache_.stats(); }
   void clear() { cache_.clear(); }
@@ -60,9 +60,6 @@ class PlanCacheChecker {
   int ring_pos_ = 0;
   Topology topo_;
   PlanCache cache_;
-  std::vector<uint64_t> addrs_;
-  MsgTag tags_[2];  // calls alternate between two headers, so a kept header pointer shows
-  uint64_t calls_ = 0;
 };
 
 }  // namespace ringcomm

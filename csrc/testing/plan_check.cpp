@@ -36,6 +36,7 @@ const char* step_name(StepKind k) {
     case StepKind::kPullReduce: return "pull-reduce";
     case StepKind::kAckPull: return "ack-pull";
     case StepKind::kAwaitPull: return "await-pull";
+    case StepKind::kPublish: return "publish";
   }
   return "?";
 }
@@ -63,7 +64,7 @@ bool reads_src(StepKind k) {
 bool writes_dst(StepKind k) {
   return k == StepKind::kRecv || k == StepKind::kRecvReduce || k == StepKind::kRecvReduceCopySend ||
          k == StepKind::kRecvCopySend || k == StepKind::kLocalCopy || k == StepKind::kLocalReduce ||
-         k == StepKind::kPull || k == StepKind::kPullReduce;
+         k == StepKind::kPull || k == StepKind::kPullReduce || k == StepKind::kPublish;
 }
 bool reduces(StepKind k) {
   return k == StepKind::kRecvReduce || k == StepKind::kRecvReduceSend || k == StepKind::kRecvReduceCopySend ||
@@ -74,7 +75,9 @@ bool uses_fifo(StepKind k) { return !is_local(k) && !is_pull(k); }
 
 // One buffer of a rank. The call's buffers sit at fake addresses (rank r's
 // in [(r+1) << 40, (r+2) << 40)), never read or written: only the address
-// table is real memory (the schedules write this rank's address into it).
+// table is real memory (publish steps write this rank's address into it).
+// Steps name buffers by id (algo/step.h); the checker resolves them against
+// the rank's PlanBuffers, as an executor does.
 struct Region {
   const char* name;
   const char* begin;
@@ -86,8 +89,8 @@ struct Region {
 constexpr uint64_t kNoAddress = ~uint64_t(0);
 
 struct RankPlan {
-  MsgTag tag;
   Schedule steps;
+  PlanBuffers bufs;
   std::vector<uint64_t> addrs;
   std::vector<Region> regions;
   ScheduleFamily family = kFamilyFifo;
@@ -189,7 +192,7 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
   for (int r = 0; r < n; ++r) {
     RankPlan& p = plans[r];
     p.addrs.assign(n, kNoAddress);
-    CallPlan call;
+    AddressedCall call;
     call.kind = c.kind;
     call.count = c.count;
     call.root = c.root;
@@ -202,14 +205,13 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
     call.scratch = fake(2);
     p.regions = {{"out", call.out, out_bytes, true},
                  {"in", call.in, in_bytes, false},
-                 {"scratch", call.scratch, scratch_bytes(call, c.elem, n), true},
+                 {"scratch", call.scratch, scratch_bytes(plan_of(call, c.elem, n), c.elem, n), true},
                  {"addrs", reinterpret_cast<const char*>(p.addrs.data()), n * sizeof(uint64_t), true},
                  {"agreement", fake(3), 4 * sizeof(uint64_t), true}};
-    p.tag.kind = static_cast<uint8_t>(c.kind);
-    p.tag.root = c.root;
-    p.tag.seq = 1;
-    p.tag.count = c.count;
-    PlanContext ctx{r, n, c.elem, slice, &p.tag, &p.steps, p.addrs.data()};
+    p.bufs = buffers_of(call);
+    p.bufs.base[kAddrs] = reinterpret_cast<char*>(p.addrs.data());
+    p.bufs.base[kState] = fake(3);
+    PlanContext ctx{r, n, c.elem, slice, &p.steps};
     ctx.topo = &topo;
     if (!c.ring.empty()) {
       ctx.ring = c.ring.data();
@@ -217,13 +219,8 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
     }
     // Communicator::agree_on_call runs its rounds (each ends in a fence) before
     // the call's steps: the same as running them first in one schedule.
-    if (c.agreement && is_rooted(c.kind) && n > 1) dissemination_agreement(ctx, reinterpret_cast<uint64_t*>(fake(3)));
-    if (c.kind == OpKind::kBarrier) {
-      dissemination_barrier(ctx);  // as Communicator::plan
-    } else {
-      p.family = plan_call(ctx, call);
-    }
-    p.tag.algo = p.family;
+    if (c.agreement && is_rooted(c.kind) && n > 1) dissemination_agreement(ctx, {kState, 0});
+    p.family = plan_call(ctx, plan_of(call, c.elem, n));  // the barrier too, as Communicator::plan
   }
   return plans;
 }
@@ -244,7 +241,9 @@ void check_steps(const std::vector<RankPlan>& plans, size_t elem) {
         if (peer < 0 || peer >= n) fault(me + ": " + role + " rank " + std::to_string(peer) + ", not a rank of world " + std::to_string(n));
         if (peer == r) fault(me + ": " + role + " itself");
       };
-      if (s.tag != &p.tag) fault(me + ": carries a header other than the call's");
+      for (const BufRef* b : {&s.dst, &s.src, &s.src2, &s.remote_base}) {
+        if (b->buf >= kNumBufs) fault(me + ": names buffer " + std::to_string(b->buf) + ", which no call has");
+      }
       if (s.after != SIZE_MAX && s.after >= i) {
         fault(me + ": waits for step " + str(s.after) + ", which does not come before it");
       }
@@ -268,14 +267,24 @@ void check_steps(const std::vector<RankPlan>& plans, size_t elem) {
       }
       if (s.nbytes) {
         std::string why;
-        if (reads_src(s.kind) && !(why = range_fault(p, s.src, s.nbytes, false)).empty()) fault(me + ": src " + why);
-        if (s.kind == StepKind::kLocalReduce && !(why = range_fault(p, s.src2, s.nbytes, false)).empty()) {
+        if (reads_src(s.kind) && !(why = range_fault(p, p.bufs.at(s.src), s.nbytes, false)).empty()) {
+          fault(me + ": src " + why);
+        }
+        if (s.kind == StepKind::kLocalReduce && !(why = range_fault(p, p.bufs.at(s.src2), s.nbytes, false)).empty()) {
           fault(me + ": src2 " + why);
         }
-        if (writes_dst(s.kind) && !(why = range_fault(p, s.dst, s.nbytes, true)).empty()) fault(me + ": dst " + why);
+        if (writes_dst(s.kind) && !(why = range_fault(p, p.bufs.at(s.dst), s.nbytes, true)).empty()) {
+          fault(me + ": dst " + why);
+        }
+      }
+      if (s.kind == StepKind::kPublish) {
+        const Region* g = region_of(p, p.bufs.at(s.dst));
+        if (s.nbytes != sizeof(uint64_t) || !g || std::strcmp(g->name, "addrs")) {
+          fault(me + ": publishes into " + where(p, p.bufs.at(s.dst)) + ", not into the rank's address table");
+        }
       }
       if (s.kind == StepKind::kPull || s.kind == StepKind::kPullReduce) {
-        const char* rb = reinterpret_cast<const char*>(s.remote_base);
+        const char* rb = p.bufs.at(s.remote_base);
         const Region* g = region_of(p, rb);
         if (!g || std::strcmp(g->name, "addrs") || range_fault(p, rb, sizeof(uint64_t), false).size()) {
           fault(me + ": takes the peer's address from " + where(p, rb) + ", not from the rank's address table");
@@ -422,6 +431,11 @@ class CpuRun {
         break;
     }
     if (is_local(s.kind)) {
+      // Publishing writes the address table (real memory): where this run's buffer lies.
+      if (s.kind == StepKind::kPublish) {
+        const uint64_t a = reinterpret_cast<uintptr_t>(plans_[r].bufs.at(s.src));
+        std::memcpy(plans_[r].bufs.at(s.dst), &a, sizeof(a));
+      }
       p.complete = true;
       return true;
     }
@@ -445,7 +459,7 @@ class CpuRun {
         in->pop_front();
       }
       if (out) {
-        out->push_back({i, p.segment, n, s.kind == StepKind::kSend ? s.src + p.done : nullptr});
+        out->push_back({i, p.segment, n, s.kind == StepKind::kSend ? plans_[r].bufs.at(s.src) + p.done : nullptr});
         ++*messages_;
       }
       p.done += n;
@@ -461,9 +475,10 @@ class CpuRun {
   void deliver(int r, const Step& s, const StepProgress& p, const Segment& h, size_t n) {
     if (!n || !h.payload || !writes_dst(s.kind)) return;
     const Region* from = region_of(plans_[s.recv_peer], h.payload);
-    const Region* to = region_of(plans_[r], s.dst + p.done);
+    char* const dst = plans_[r].bufs.at(s.dst) + p.done;
+    const Region* to = region_of(plans_[r], dst);
     if (from && to && !std::strcmp(from->name, "addrs") && !std::strcmp(to->name, "addrs")) {
-      std::memcpy(s.dst + p.done, h.payload, n);
+      std::memcpy(dst, h.payload, n);
     }
   }
 
@@ -471,7 +486,8 @@ class CpuRun {
   // still keeps it (a peer that has returned may reuse it).
   void check_pull(int r, size_t i, const Step& s) {
     const int peer = s.recv_peer;
-    const uint64_t base = *s.remote_base;
+    uint64_t base;
+    std::memcpy(&base, plans_[r].bufs.at(s.remote_base), sizeof(base));
     if (base == kNoAddress) fault(at(r, i, s) + ": reads rank " + std::to_string(peer) + "'s buffer before its address arrived");
     if (finished(peer)) {
       fault(at(r, i, s) + ": reads rank " + std::to_string(peer) + "'s buffer after rank " + std::to_string(peer) +
@@ -554,7 +570,7 @@ void run_device(const std::vector<RankPlan>& plans, const PlanCheckCall& c, Plan
   for (int r = 0; r < n; ++r) {
     RecordingOps ops(n, r);
     DeviceExecutor ex(c.chunk_bytes);
-    ex.run(plans[r].steps, ops, DataType::kUInt8, ReduceOp::kSum);
+    ex.run(plans[r].steps, plans[r].bufs, ops, DataType::kUInt8, ReduceOp::kSum);
     groups[r] = std::move(ops.groups);
   }
   struct Posted {

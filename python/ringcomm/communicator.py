@@ -548,12 +548,11 @@ class Communicator:
     # -- the plan cache -------------------------------------------------------
     def plan_cache_stats(self):
         """How this rank's CPU calls were planned (csrc/comm/plan_cache.h): a dict
-        with 'hits' (a kept plan re-based onto the call's buffers), 'misses'
-        (planned and kept), 'uncached' (planned, never kept: pull schedules,
-        plans over the step budget), 'evictions', 'entries' and 'steps' (held
-        now) and 'capacity' (RINGCOMM_PLAN_CACHE; 0: off). Calls that plan
-        nothing are not counted: barrier, send/recv, the small synchronous
-        all_reduce's latency path and the GPU path."""
+        with 'hits' (a kept plan run as it stands on the call's buffers),
+        'misses' (planned and kept), 'uncached' (planned, never kept: plans
+        over the step budget), 'evictions', 'entries' and 'steps' (held now)
+        and 'capacity' (RINGCOMM_PLAN_CACHE; 0: off). Every collective and
+        barrier is counted; send/recv and the GPU path plan nothing here."""
         return dict(self._c().plan_cache_stats())
 
     def host_of(self):

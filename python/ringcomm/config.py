@@ -93,9 +93,10 @@ SETTINGS = (
             "comparison)"),
     Setting("RINGCOMM_PLAN_CACHE", lambda c: str(c.plan_cache_entries),
             "plans a communicator keeps, one per call signature (op, count, root, algorithm, AVG, element size, "
-            "in-place or not), re-based onto each repeated call's buffers so a loop with fresh tensors does not "
-            "plan its calls again; least recently used dropped first, all plans together at most 131072 steps "
-            "(csrc/comm/plan_cache.h); pull schedules are never kept; `0` plans every call afresh (0 to 4096)"),
+            "in-place or not), run as they stand on each repeated call's buffers (plans name buffers, not "
+            "addresses) so a loop with fresh tensors does not plan its calls again; least recently used dropped "
+            "first, all plans together at most 131072 steps (csrc/comm/plan_cache.h); `0` plans every call afresh "
+            "(0 to 4096)"),
     Setting("RINGCOMM_SLOT_BYTES", lambda c: _size(c.slot_bytes),
             "bytes per pipelined segment (a multiple of 64, 64 to 1 GiB)"),
     Setting("RINGCOMM_SLOTS", lambda c: str(c.nslots), "segments in flight per peer (3 to 4096)"),

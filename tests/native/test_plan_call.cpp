@@ -20,13 +20,22 @@ constexpr size_t kSlice = 3;  // elements of each block per ring round: several 
 
 struct Planned {
   std::vector<Schedule> steps;  // by rank
-  std::vector<std::vector<char>> memory;  // the buffers the steps point into
 };
+
+// Whether every buffer a step names is one the call has (plans name buffers
+// by id and offset: algo/step.h BufRef).
+bool refs_known(const Step& s, bool has_in, bool has_scratch) {
+  for (const BufRef& r : {s.dst, s.src, s.src2}) {
+    if (r.buf == kIn && !has_in) return false;
+    if (r.buf == kScratch && !has_scratch) return false;
+    if (r.buf >= kNumBufs) return false;
+  }
+  return true;
+}
 
 Planned plan_all(OpKind kind, Algo algo, int world, size_t count, int root = -1) {
   Planned p;
   p.steps.resize(world);
-  static const MsgTag tag{};
   for (int r = 0; r < world; ++r) {
     CallPlan call;
     call.kind = kind;
@@ -35,21 +44,12 @@ Planned plan_all(OpKind kind, Algo algo, int world, size_t count, int root = -1)
     call.algo = algo;
     size_t in = 0, out = 0;
     call_buffer_bytes(kind, count, kElem, world, &in, &out);
-    p.memory.emplace_back(out + 1);
-    call.out = p.memory.back().data();
-    if (in) {
-      p.memory.emplace_back(in);
-      call.in = p.memory.back().data();
-    }
-    if (size_t s = scratch_bytes(call, kElem, world)) {
-      p.memory.emplace_back(s);
-      call.scratch = p.memory.back().data();
-    }
-    PlanContext c{r, world, kElem, kSlice, &tag, &p.steps[r]};
+    call.out = BufRef{kOut, 0};
+    call.in = in ? BufRef{kIn, 0} : BufRef{};
+    const bool has_scratch = scratch_bytes(call, kElem, world) > 0;
+    PlanContext c{r, world, kElem, kSlice, &p.steps[r]};
     plan_call(c, call);
-    for (const Step& s : p.steps[r]) {
-      if (uses_send(s.kind) || uses_recv(s.kind)) CHECK(s.tag == &tag);
-    }
+    for (const Step& s : p.steps[r]) CHECK(refs_known(s, in > 0, has_scratch));
   }
   return p;
 }

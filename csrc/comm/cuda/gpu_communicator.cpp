@@ -379,7 +379,7 @@ GpuCommunicator::WorkPtr GpuCommunicator::launch(const char* what, cudaStream_t 
 // The "ring" family: the call's schedule (comm/call_plan.cpp plan_call), run by the
 // device executor on stream `s`. Slices of the ring are one chunk each.
 void GpuCommunicator::run_ring(const char* what, cudaStream_t s, DataType dtype, ReduceOp op,
-                               const CallPlan& call) {
+                               const AddressedCall& call) {
   if (ipc_) {
     ipc_mem_->set_stream(s);
     ipc_->run(what, current_seq_, call, dtype, op);
@@ -387,13 +387,12 @@ void GpuCommunicator::run_ring(const char* what, cudaStream_t s, DataType dtype,
   }
   const size_t elem = dtype_size(dtype);
   schedule_.clear();
-  PlanContext ctx{rank_, world_, elem, std::max<size_t>(1, executor_->chunk_bytes() / elem), &tag_, &schedule_,
-                  nullptr};
-  plan_call(ctx, call);
+  PlanContext ctx{rank_, world_, elem, std::max<size_t>(1, executor_->chunk_bytes() / elem), &schedule_};
+  plan_call(ctx, plan_of(call, elem, world_));
   ops_->set_stream(s);
   // Calls captured into a CUDA graph (queued on the capturing stream, not on
   // stream_) get scratch of their own: a replay may run beside eager calls.
-  (s == stream_ ? executor_ : graph_executor_)->run(schedule_, *ops_, dtype, op);
+  (s == stream_ ? executor_ : graph_executor_)->run(schedule_, buffers_of(call), *ops_, dtype, op);
 }
 
 void GpuCommunicator::run_p2p(const char* what, cudaStream_t s, const std::vector<IpcP2p>& ops) {

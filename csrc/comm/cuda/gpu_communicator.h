@@ -132,7 +132,7 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   void stop_watchdog();
   uint64_t finished_locked();
   void release_watched_locked();
-  void run_ring(const char* what, cudaStream_t s, DataType dtype, ReduceOp op, const CallPlan& call);
+  void run_ring(const char* what, cudaStream_t s, DataType dtype, ReduceOp op, const AddressedCall& call);
   void run_p2p(const char* what, cudaStream_t s, const std::vector<IpcP2p>& ops);
 
   int rank_;
@@ -152,7 +152,6 @@ class GpuCommunicator : public std::enable_shared_from_this<GpuCommunicator> {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream before each call
   Schedule schedule_;
-  MsgTag tag_;  // schedules want one; GPU messages carry no headers
   // Lock order: mu_, then wd_mu_, then the gate's and faults_' own.
   std::mutex mu_;  // one call queued at a time (they share the stream and the executor)
   AbortGate gate_;     // nccl_'s handle against a concurrent abort (any thread)
