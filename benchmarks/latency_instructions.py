@@ -80,7 +80,7 @@ def rank_main(rank, store_dir, calls, case):
     comm.close()
 
 
-def measure(case, calls):
+def measure(case, calls, keep=None):
     store = tempfile.mkdtemp(prefix="ringcomm-cg-")
     out = os.path.join(store, "callgrind.out")
     env = {**os.environ, "RINGCOMM_COST_MODEL": "default", "RINGCOMM_YIELD_US": "0", "RINGCOMM_SPIN_US": "60000000"}
@@ -93,6 +93,9 @@ def measure(case, calls):
           f"--callgrind-out-file={out}"] + [f"--toggle-collect={t}" for t in TOGGLES]
     res = subprocess.run(cg + me + ["0", store, str(calls), case], env=env, capture_output=True, text=True)
     peer.wait()
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        shutil.copy(out, os.path.join(keep, f"callgrind.{case}.out"))  # for callgrind_annotate
     shutil.rmtree(store, ignore_errors=True)
     m = re.search(r"Collected : (\d+)", res.stderr)
     if not m:
@@ -108,9 +111,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--cases", default="ar4,ar1k,bc8,sr8")
+    ap.add_argument("--keep", metavar="DIR", help="keep each case's callgrind output here (callgrind_annotate)")
     args = ap.parse_args(argv)
     for case in args.cases.split(","):
-        print(f"{case:6s} {measure(case, args.calls):10.0f} instructions per call (rank 0)", flush=True)
+        print(f"{case:6s} {measure(case, args.calls, args.keep):10.0f} instructions per call (rank 0)", flush=True)
     return 0
 
 

@@ -211,7 +211,7 @@ Communicator::Call Communicator::collective(OpKind kind, DataType dtype, size_t 
                                             const char* name) {
   Call c;
   c.kind = kind;
-  c.name = name;
+  c.op = name;
   c.tag.kind = static_cast<uint8_t>(kind);
   c.tag.dtype = static_cast<uint8_t>(dtype);
   c.tag.redop = kNoReduce;
@@ -221,6 +221,33 @@ Communicator::Call Communicator::collective(OpKind kind, DataType dtype, size_t 
 
 // The call a checked descriptor describes (comm/call_check.h holds every rule).
 Communicator::Call Communicator::checked(const CallDesc& d) {
+  // The in-place ops' rules read only the signature (presence, dtype, op,
+  // root, world), so a call with the last one's signature passes as it did:
+  // its checked call is reused with this call's buffer. (A training loop
+  // repeats its calls; a small all_reduce's check would otherwise cost a
+  // fifth of the call.) The memo is taken by one thread at a time; a second
+  // thread (itself an error the communicator reports) checks afresh.
+  const bool in_place = d.kind == OpKind::kAllReduce || d.kind == OpKind::kBroadcast || d.kind == OpKind::kReduce;
+  if (in_place && d.out.present && !check_memo_busy_.exchange(true, std::memory_order_acquire)) {
+    CheckMemo& m = check_memo_;
+    if (m.valid && m.call.kind == d.kind && m.dtype == d.out.dtype && m.count == d.out.count &&
+        m.call.root == (is_rooted(d.kind) ? d.root : -1) && (!d.reduces || m.call.redop == d.op)) {
+      Call c = m.call;
+      check_memo_busy_.store(false, std::memory_order_release);
+      c.a = d.out;
+      return c;
+    }
+    check_memo_busy_.store(false, std::memory_order_release);
+  }
+  Call c = checked_afresh(d);
+  if (in_place && !check_memo_busy_.exchange(true, std::memory_order_acquire)) {
+    check_memo_ = {true, d.out.dtype, d.out.count, c};
+    check_memo_busy_.store(false, std::memory_order_release);
+  }
+  return c;
+}
+
+Communicator::Call Communicator::checked_afresh(const CallDesc& d) {
   check_call(d);
   Call c = collective(d.kind, call_dtype(d), call_count(d), op_kind_name(d.kind));
   if (d.reduces) {
@@ -313,14 +340,15 @@ std::shared_ptr<Work> Communicator::barrier(bool async) {
 // communicator, point-to-point messages on their pair of ranks. Holds mu_.
 // The call's record says kIssued once it is queued (enqueue).
 void Communicator::assign_seq(Call& call) {
-  check_thread(call.name.c_str());
+  check_thread(call.name());
   call.issuer = issuer_;
   if (call.kind == OpKind::kSend) {
     call.tag.seq = call.root == kAnySource ? ++any_recv_seq_ : ++(call.is_send ? send_seq_ : recv_seq_)[call.root];
-    call.name += call.root == kAnySource ? std::string(" from any rank")
+    call.p2p_name = std::string(call.op);
+    call.p2p_name += call.root == kAnySource ? std::string(" from any rank")
                                          : std::string(call.is_send ? " to rank " : " from rank ") +
                                                std::to_string(call.root);
-    if (call.p2p_tag != 0) call.name += " (tag " + std::to_string(call.p2p_tag) + ")";
+    if (call.p2p_tag != 0) call.p2p_name += " (tag " + std::to_string(call.p2p_tag) + ")";
   } else {
     call.tag.seq = ++seq_;
   }
@@ -337,7 +365,7 @@ void Communicator::check_thread(const char* name) {
   const std::thread::id me = std::this_thread::get_id();
   const bool busy = running_ || !queue_.empty();
   if (busy && issuer_ != me && issuer_ != std::thread::id()) {
-    const std::string other = running_ ? std::string(running_name_) : queue_.front().first.name;
+    const std::string other = running_ ? std::string(running_name_) : std::string(queue_.front().first.name());
     const std::string msg = "ringcomm: " + std::string(name) + " was called on rank " + std::to_string(rank_) +
                             " from a second thread while " + other +
                             ", issued by another thread, was still in flight: calls on one communicator must come "
@@ -364,7 +392,7 @@ void Communicator::record(const Call& c, CallState state) {
 }
 
 CallInfo Communicator::info_of(const Call& c) const {
-  CallInfo info{c.name.c_str(), c.tag.seq, rank_, config_.timeout_s};
+  CallInfo info{c.name(), c.tag.seq, rank_, config_.timeout_s};
   info.kind = static_cast<int>(c.kind);
   info.p2p_peer = c.kind == OpKind::kSend ? c.root : -1;
   if (c.kind == OpKind::kSend && c.root == kAnySource) info.kind = -1;  // no one peer to ask
@@ -375,7 +403,7 @@ std::vector<std::string> Communicator::in_flight() {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<std::string> out;
   if (running_) out.push_back(running_name_);
-  for (const Item& it : queue_) out.push_back(it.first.name + " (seq " + std::to_string(it.first.tag.seq) + ")");
+  for (const Item& it : queue_) out.push_back(std::string(it.first.name()) + " (seq " + std::to_string(it.first.tag.seq) + ")");
   return out;
 }
 
@@ -385,7 +413,7 @@ std::vector<std::string> Communicator::in_flight() {
 // busy worker takes queued calls without being woken).
 std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify) {
   record(call, CallState::kIssued);  // (a call run inline goes straight to kRunning)
-  auto work = std::make_shared<Work>(call.name, waiters_);
+  auto work = std::make_shared<Work>(call.name(), waiters_);
   work->set_helper([this, w = work.get()] { help(w); });
   work->set_on_interrupt([this](const std::string& why) { abort(why); });
   queue_.emplace_back(std::move(call), work);
@@ -418,7 +446,7 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
     running_ = true;
     running_name_ = "sendrecv";  // (a literal: no string built per call)
     lk.unlock();
-    Work ws(m[0].call.name), wr(m[1].call.name);
+    Work ws(m[0].call.name()), wr(m[1].call.name());
     m[0].work = &ws;
     m[1].work = &wr;
     execute_p2p(m, 2, false);
@@ -443,9 +471,9 @@ std::shared_ptr<Work> Communicator::submit(Call&& call, bool async, int* source)
     // The latency path: run in this thread, no allocation, no hand-off.
     running_ = true;
     if (call.kind != OpKind::kSend) {
-      running_name_ = call.name.c_str();  // `call` stays here while it runs
+      running_name_ = call.name();  // `call` stays here while it runs
     } else {
-      running_owned_ = call.name;  // the send/recv group moves the call
+      running_owned_ = call.name();  // the send/recv group moves the call
       running_name_ = running_owned_.c_str();
     }
     lk.unlock();
@@ -460,7 +488,7 @@ std::shared_ptr<Work> Communicator::submit(Call&& call, bool async, int* source)
       release_inline();
       return nullptr;
     }
-    Work work(call.name);
+    Work work(call.name());
     P2pMember m;
     m.call = std::move(call);
     m.work = &work;
@@ -482,7 +510,7 @@ void Communicator::run_front(std::unique_lock<std::mutex>& lk) {
   auto item = std::move(queue_.front());
   queue_.pop_front();
   running_ = true;
-  running_owned_ = item.first.name + " (seq " + std::to_string(item.first.tag.seq) + ")";
+  running_owned_ = std::string(item.first.name()) + " (seq " + std::to_string(item.first.tag.seq) + ")";
   running_name_ = running_owned_.c_str();
   lk.unlock();
   if (item.first.kind == OpKind::kSend) {
@@ -679,7 +707,7 @@ void Communicator::execute(Call& c, Work& work) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_.empty()) {
       work.fail(Work::ErrorKind::kError,
-                "ringcomm: " + c.name + " was not run: the communicator failed earlier (" + error_ + ")");
+                "ringcomm: " + std::string(c.name()) + " was not run: the communicator failed earlier (" + error_ + ")");
       return;
     }
   }
@@ -750,7 +778,7 @@ void Communicator::execute_p2p(P2pMember* first, size_t n, bool take_queued) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_.empty()) {
       for (size_t i = 0; i < n; ++i) {
-        first[i].work->fail(Work::ErrorKind::kError, "ringcomm: " + first[i].call.name +
+        first[i].work->fail(Work::ErrorKind::kError, "ringcomm: " + std::string(first[i].call.name()) +
                                                          " was not run: the communicator failed earlier (" + error_ + ")");
       }
       return;

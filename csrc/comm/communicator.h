@@ -179,7 +179,12 @@ class Communicator {
     int64_t p2p_tag = 0;
     Buffer a, b;    // a: in-place buffer or output, b: input
     size_t model_bytes = 0;  // the call's size as the cost model counts it (call_model_bytes)
-    std::string name;
+    // What errors and records call it: the op's name (a literal), or for
+    // send/recv "send to rank 2 (tag 5)", built when it is numbered. A
+    // collective's call builds no string.
+    const char* op = "";
+    std::string p2p_name;
+    const char* name() const { return p2p_name.empty() ? op : p2p_name.c_str(); }
   };
 
   using Item = std::pair<Call, std::shared_ptr<Work>>;
@@ -242,7 +247,10 @@ class Communicator {
   };
   static bool thread_inside(const std::atomic<int>* counter);
   Call collective(OpKind kind, DataType dtype, size_t count, const char* name);
+  // The call `d` describes, checked (comm/call_check.h); checked_afresh
+  // always runs the check, checked reuses the last in-place op's result.
   Call checked(const CallDesc& d);
+  Call checked_afresh(const CallDesc& d);
 
   const int rank_;
   const int world_;
@@ -270,6 +278,14 @@ class Communicator {
     const Plan* plan = nullptr;
   };
   PlanMemo memo_;
+  struct CheckMemo {
+    bool valid = false;
+    DataType dtype = DataType::kFloat32;
+    size_t count = 0;
+    Call call;  // what checked_afresh made of it (its buffer replaced per call)
+  };
+  CheckMemo check_memo_;
+  std::atomic<bool> check_memo_busy_{false};
   Schedule agreement_schedule_;  // agree_on_call's rounds (built once: they depend on rank and world only)
   BufRef agreement_result_;      // where in the state they leave the agreed words
   uint64_t agreement_state_[4] = {};
