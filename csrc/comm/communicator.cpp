@@ -340,15 +340,10 @@ std::shared_ptr<Work> Communicator::barrier(bool async) {
 // communicator, point-to-point messages on their pair of ranks. Holds mu_.
 // The call's record says kIssued once it is queued (enqueue).
 void Communicator::assign_seq(Call& call) {
-  check_thread(call.name());
+  check_thread(call);
   call.issuer = issuer_;
   if (call.kind == OpKind::kSend) {
     call.tag.seq = call.root == kAnySource ? ++any_recv_seq_ : ++(call.is_send ? send_seq_ : recv_seq_)[call.root];
-    call.p2p_name = std::string(call.op);
-    call.p2p_name += call.root == kAnySource ? std::string(" from any rank")
-                                         : std::string(call.is_send ? " to rank " : " from rank ") +
-                                               std::to_string(call.root);
-    if (call.p2p_tag != 0) call.p2p_name += " (tag " + std::to_string(call.p2p_tag) + ")";
   } else {
     call.tag.seq = ++seq_;
   }
@@ -361,10 +356,11 @@ void Communicator::assign_seq(Call& call) {
 // A call issued while a call of another thread is still in flight therefore
 // aborts the communicator, so that every rank raises rather than some ranks
 // computing with cross-matched data. Threads may take turns. Holds mu_.
-void Communicator::check_thread(const char* name) {
+void Communicator::check_thread(const Call& call) {
   const std::thread::id me = std::this_thread::get_id();
   const bool busy = running_ || !queue_.empty();
   if (busy && issuer_ != me && issuer_ != std::thread::id()) {
+    const char* name = call.name();
     const std::string other = running_ ? std::string(running_name_) : std::string(queue_.front().first.name());
     const std::string msg = "ringcomm: " + std::string(name) + " was called on rank " + std::to_string(rank_) +
                             " from a second thread while " + other +
@@ -392,10 +388,14 @@ void Communicator::record(const Call& c, CallState state) {
 }
 
 CallInfo Communicator::info_of(const Call& c) const {
-  CallInfo info{c.name(), c.tag.seq, rank_, config_.timeout_s};
+  CallInfo info{c.op, c.tag.seq, rank_, config_.timeout_s};
   info.kind = static_cast<int>(c.kind);
   info.p2p_peer = c.kind == OpKind::kSend ? c.root : -1;
-  if (c.kind == OpKind::kSend && c.root == kAnySource) info.kind = -1;  // no one peer to ask
+  if (c.kind == OpKind::kSend) {
+    info.p2p = c.is_send ? 1 : 2;
+    info.p2p_tag = c.p2p_tag;
+    if (c.root == kAnySource) info.kind = -1;  // no one peer to ask
+  }
   return info;
 }
 
@@ -446,7 +446,7 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
     running_ = true;
     running_name_ = "sendrecv";  // (a literal: no string built per call)
     lk.unlock();
-    Work ws(m[0].call.name()), wr(m[1].call.name());
+    Work ws(m[0].call.op), wr(m[1].call.op);  // never waited on
     m[0].work = &ws;
     m[1].work = &wr;
     execute_p2p(m, 2, false);
@@ -473,8 +473,7 @@ std::shared_ptr<Work> Communicator::submit(Call&& call, bool async, int* source)
     if (call.kind != OpKind::kSend) {
       running_name_ = call.name();  // `call` stays here while it runs
     } else {
-      running_owned_ = call.name();  // the send/recv group moves the call
-      running_name_ = running_owned_.c_str();
+      running_name_ = call.op;  // "send" / "recv" (a literal: the group moves the call)
     }
     lk.unlock();
     if (call.kind != OpKind::kSend) {
@@ -488,7 +487,7 @@ std::shared_ptr<Work> Communicator::submit(Call&& call, bool async, int* source)
       release_inline();
       return nullptr;
     }
-    Work work(call.name());
+    Work work(call.op);  // never waited on: its name is only the op's
     P2pMember m;
     m.call = std::move(call);
     m.work = &work;

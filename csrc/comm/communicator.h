@@ -183,8 +183,12 @@ class Communicator {
     // send/recv "send to rank 2 (tag 5)", built when it is numbered. A
     // collective's call builds no string.
     const char* op = "";
-    std::string p2p_name;
-    const char* name() const { return p2p_name.empty() ? op : p2p_name.c_str(); }
+    mutable std::string p2p_name;  // built at the first name() of a send/recv (errors, queued calls)
+    const char* name() const {
+      if (kind != OpKind::kSend) return op;
+      if (p2p_name.empty()) p2p_name = p2p_call_name(is_send, root, p2p_tag);
+      return p2p_name.c_str();
+    }
   };
 
   using Item = std::pair<Call, std::shared_ptr<Work>>;
@@ -231,7 +235,7 @@ class Communicator {
   void help(const Work* work);
   void check_usable();
   // Holds mu_: the thread rule (see communicator.cpp) for a call issued now.
-  void check_thread(const char* name);
+  void check_thread(const Call& call);
   void record(const Call& c, CallState state);
   CallInfo info_of(const Call& c) const;
   // Rooted calls: every rank checks, before the data moves, that all ranks

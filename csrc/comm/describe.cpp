@@ -33,6 +33,14 @@ bool collective_from_name(const std::string& name, OpKind* out) {
   return false;
 }
 
+std::string p2p_call_name(bool is_send, int peer, int64_t tag) {
+  std::string s = is_send ? "send to rank " + std::to_string(peer)
+                  : peer < 0 ? std::string("recv from any rank")
+                             : "recv from rank " + std::to_string(peer);
+  if (tag != 0) s += " (tag " + std::to_string(tag) + ")";
+  return s;
+}
+
 std::string describe_tag(const MsgTag& t) {
   std::string s = op_kind_name(static_cast<OpKind>(t.kind));
   s += "(seq " + std::to_string(t.seq);

@@ -29,6 +29,9 @@ bool collective_from_name(const std::string& name, OpKind* out);
 inline bool is_rooted(OpKind k) {
   return k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kScatter || k == OpKind::kGather;
 }
+// "send to rank 2", "recv from any rank (tag 5)": a point-to-point call's
+// name in messages (peer: -1 for a recv from any rank).
+std::string p2p_call_name(bool is_send, int peer, int64_t tag);
 // "all_reduce(seq 3, float32, count 1000, sum)"
 std::string describe_tag(const MsgTag& t);
 // A timeout in messages: "300", "0.5", "1.5e+03".

@@ -318,10 +318,14 @@ bool Executor::pass(const Schedule& steps, const Reducer* reducer, size_t window
                       [&](size_t i) { return advance(steps[i], progress_[i], reducer); });
 }
 
+std::string call_name(const CallInfo& info) {
+  return info.p2p ? p2p_call_name(info.p2p == 1, info.p2p_peer, info.p2p_tag) : std::string(info.op);
+}
+
 namespace {
 
 std::string call_text(const CallInfo& info) {
-  return std::string(info.op) + " (seq " + std::to_string(info.seq) + ") on rank " + std::to_string(info.rank);
+  return call_name(info) + " (seq " + std::to_string(info.seq) + ") on rank " + std::to_string(info.rank);
 }
 
 // A peer that failed with a mismatch makes this rank's error a mismatch too.
@@ -387,7 +391,7 @@ std::string Executor::peers_activity(const CallInfo& info) const {
     CallRecordView r;
     if (!transport_->peer_call(p, p2p, &r)) continue;
     std::string s = "rank " + std::to_string(p) + " ";
-    const std::string mine = std::string(info.op) + " (seq " + std::to_string(info.seq) + ")";
+    const std::string mine = call_name(info) + " (seq " + std::to_string(info.seq) + ")";
     if (p2p) {
       // Point-to-point counters run per pair and direction: just say what it did last.
       s += r.state == static_cast<uint8_t>(CallState::kNone) ? "has made no send/recv call yet"
@@ -424,7 +428,7 @@ void Executor::fail_timeout(const Schedule& steps, const CallInfo& info) {
 
 void Executor::throw_timeout(const CallInfo& info, const std::string& what) const {
   std::string peers = peers_activity(info);
-  throw TimeoutError("ringcomm: " + std::string(info.op) + " (seq " + std::to_string(info.seq) + ") on rank " +
+  throw TimeoutError("ringcomm: " + call_name(info) + " (seq " + std::to_string(info.seq) + ") on rank " +
                      std::to_string(rank_) + ": Timed out after " + seconds_text(info.timeout_s) + " s " + what +
                      (peers.empty() ? " (did every rank call it?)" : ": " + peers));
 }

@@ -29,15 +29,20 @@ struct WaitPolicy {
 
 // What a failing executor reports about the call it was running.
 struct CallInfo {
-  // "all_reduce", "send to rank 3 (tag 5)": the name of the running call,
-  // which outlives its run (no string is copied per call).
+  // "all_reduce", "send": the op's name (a literal: no string is built per
+  // call); call_name() words a send/recv in full.
   const char* op = "";
   uint64_t seq = 0;
   int rank = -1;
   double timeout_s = 0;
   int kind = -1;     // OpKind, for what the peers' records are compared with
-  int p2p_peer = -1;  // point-to-point calls: the peer (seq counts messages to/from it)
+  int p2p_peer = -1;  // point-to-point calls: the peer (seq counts messages to/from it; -1: any source)
+  int p2p = 0;        // 1: a send, 2: a recv
+  int64_t p2p_tag = 0;
 };
+
+// "all_reduce", "send to rank 3 (tag 5)": the call as messages name it.
+std::string call_name(const CallInfo& info);
 
 
 
