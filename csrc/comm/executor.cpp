@@ -208,28 +208,32 @@ constexpr size_t kFlatMaxSteps = 64;
 
 }  // namespace
 
-bool Executor::run_flat(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
-                        const CallInfo& info) {
+int Executor::flat_shape(const Schedule& steps) {
   const size_t n = steps.size();
-  if (n > kFlatMaxSteps) return false;
-  // The transfers first (plain sends and receives of at most one segment,
-  // no `after`, each on a FIFO no other step of the plan uses), then only
-  // local steps.
+  if (n > kFlatMaxSteps) return -1;
+  // The transfers first (plain sends and receives, no `after`, each on a
+  // FIFO no other step of the plan uses), then only local steps.
   size_t transfers = 0;
   for (; transfers < n; ++transfers) {
     const Step& s = steps[transfers];
     if (s.kind != StepKind::kSend && s.kind != StepKind::kRecv) break;
-    if (s.after != SIZE_MAX) return false;
+    if (s.after != SIZE_MAX) return -1;
     for (size_t j = 0; j < transfers; ++j) {
       const Step& o = steps[j];
       if (o.kind == s.kind && (s.kind == StepKind::kSend ? o.send_peer == s.send_peer : o.recv_peer == s.recv_peer)) {
-        return false;
+        return -1;
       }
     }
   }
   for (size_t i = transfers; i < n; ++i) {
-    if (!is_local(steps[i].kind)) return false;
+    if (!is_local(steps[i].kind)) return -1;
   }
+  return static_cast<int>(transfers);
+}
+
+bool Executor::run_flat(const Schedule& steps, size_t transfers, const Reducer* reducer,
+                        const Clock::time_point& deadline, const CallInfo& info) {
+  const size_t n = steps.size();
   size_t left = transfers;
   bool too_big = false;  // a transfer of more than one segment: the general passes take over
   drive(
@@ -434,13 +438,17 @@ void Executor::throw_timeout(const CallInfo& info, const std::string& what) cons
 }
 
 void Executor::run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
-                   const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill) {
+                   const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill,
+                   int flat) {
   bufs_ = &bufs;
   tag_ = &tag;
   first_ = 0;
   progress_.resize(steps.size());  // within the reserved capacity: no allocation
   for (StepProgress& p : progress_) p = StepProgress{};
-  if (!refill && run_flat(steps, reducer, deadline, info)) return;
+  if (!refill) {
+    if (flat == kFlatUnknown) flat = flat_shape(steps);
+    if (flat >= 0 && run_flat(steps, static_cast<size_t>(flat), reducer, deadline, info)) return;
+  }
   // (run_flat may have moved some steps before handing over: progress_ says which.)
   const size_t window = refill ? SIZE_MAX / 2 : step_window(world_);
   drive([&] {

@@ -80,8 +80,16 @@ class Executor {
   //
   // `steps` is only read: the progress of each step is the executor's own
   // (step_complete), so a schedule may be kept and run again.
+  //
+  // `flat`: flat_shape(steps) when the caller keeps it with the plan (a
+  // kept plan's shape is worked out once), kFlatUnknown to have run() do it.
+  static constexpr int kFlatUnknown = -2;
   void run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
-           const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill = nullptr);
+           const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill = nullptr,
+           int flat = kFlatUnknown);
+  // The number of leading transfers of a plan of run_flat's shape (below),
+  // or -1 for any other plan.
+  static int flat_shape(const Schedule& steps);
   // Whether step i of the schedule being run (or run last) is complete.
   bool step_complete(size_t i) const { return i < progress_.size() && progress_[i].complete; }
 
@@ -117,7 +125,7 @@ class Executor {
   // the general passes. Returns false for other plans (having done nothing,
   // or, when a transfer turns out to need more than one segment, with
   // progress_ saying what moved: the general passes go on from there).
-  bool run_flat(const Schedule& steps, const Reducer* reducer, const Clock::time_point& deadline,
+  bool run_flat(const Schedule& steps, size_t transfers, const Reducer* reducer, const Clock::time_point& deadline,
                 const CallInfo& info);
   // 1: done, 0: must wait, -1: more than one segment (not moved).
   int flat_transfer(const Step& s, StepProgress& p);

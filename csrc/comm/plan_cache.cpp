@@ -1,5 +1,7 @@
 #include "comm/plan_cache.h"
 
+#include "comm/executor.h"
+
 namespace ringcomm {
 
 size_t PlanCache::KeyHash::operator()(const Key& k) const {
@@ -49,6 +51,7 @@ const Plan& PlanCache::plan(const PlanContext& c, const CallPlan& call) {
     PlanContext pc = c;
     pc.out = &fresh_.steps;
     fresh_.family = plan_call(pc, call);
+    fresh_.flat = Executor::flat_shape(fresh_.steps);
     return fresh_;
   }
   const Context now{c.rank, c.world, c.ring ? c.ring_pos : 0, c.ring, c.topo, c.members};
@@ -74,6 +77,7 @@ const Plan& PlanCache::build(const PlanContext& c, const Key& key) {
   PlanContext pc = c;
   pc.out = &e.plan.steps;
   e.plan.family = plan_call(pc, key.call);
+  e.plan.flat = Executor::flat_shape(e.plan.steps);
   if (e.plan.steps.size() > max_steps_) {
     uncached_.fetch_add(1, std::memory_order_relaxed);
     fresh_ = std::move(e.plan);

@@ -46,6 +46,7 @@ struct PlanCacheStats {
 struct Plan {
   ScheduleFamily family = kFamilyFifo;
   Schedule steps;
+  int flat = -1;  // Executor::flat_shape(steps), worked out once when the plan is made
 };
 
 class PlanCache {
