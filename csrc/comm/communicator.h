@@ -1,9 +1,17 @@
 // The communicator: the one place that wires a transport to the schedules.
 //
-// Calls are validated here (before anything is sent), tagged with a sequence
-// number in issue order, and then run either inline in the calling thread
-// (synchronous calls with nothing queued: the latency path) or by one worker
-// thread per communicator (asynchronous calls, executed in issue order).
+// Calls are checked once (comm/call_check.h), numbered in issue order, and
+// then run either inline in the calling thread (synchronous calls with
+// nothing queued: the latency path) or by one worker thread per
+// communicator (asynchronous calls, executed in issue order). The class is
+// defined across files, one concern each:
+//   communicator.cpp         construction, the error state, abort, close
+//   communicator_setup.cpp   the shm inbox, TCP links, ring order, topology, cost model
+//   communicator_calls.cpp   the public calls, described and checked
+//   communicator_queue.cpp   numbering, the thread rule, the queue, the worker, the inline path
+//   communicator_run.cpp     the chooser's pick, the plan, the executor run; explain
+//   communicator_agree.cpp   rooted calls' agreement on the call
+//   communicator_p2p.cpp     send/recv groups and sendrecv
 #pragma once
 
 #include <condition_variable>

@@ -1,0 +1,144 @@
+// Running a collective: the chooser's pick (comm/chooser.h), its plan (the
+// plan cache, memoised for a repeated call), and the executor over the
+// call's buffers; explain() reads the same chooser.
+#include "comm/communicator.h"
+
+#include "comm/call_plan.h"
+#include "ringcomm/copy.h"
+
+namespace ringcomm {
+
+std::vector<std::pair<std::string, double>> Communicator::explain(OpKind kind, size_t nbytes) const {
+  ChoiceCall call;
+  call.kind = kind;
+  call.bytes = nbytes;
+  std::vector<std::pair<std::string, double>> out;
+  for (const Candidate& c : candidates(choice_context(kind), call)) out.emplace_back(algo_name(c.algo), c.seconds);
+  return out;
+}
+
+const Plan& Communicator::plan(Call& c, size_t* out_bytes_out) {
+  const size_t elem = dtype_size(static_cast<DataType>(c.tag.dtype));
+  // Both buffers hold the call's dtype (the entry points check it).
+  const size_t out_bytes = c.a.count * elem, in_bytes = c.b.count * elem;
+  *out_bytes_out = out_bytes;
+  CallPlan call;
+  call.kind = c.kind;
+  call_buffers(c.a.ptr, out_bytes, c.b.ptr, in_bytes, &call);
+  const bool avg = c.reduces && c.redop == ReduceOp::kAvg;
+  PlanMemo& m = memo_;
+  if (m.valid && m.kind == c.kind && m.dtype == c.tag.dtype && m.avg == avg && m.root == c.root &&
+      m.a_count == c.a.count && m.b_count == c.b.count && m.out == call.out && m.in == call.in &&
+      m.generation == plan_cache_.generation()) {
+    plan_cache_.count_hit();
+    c.tag.algo = m.plan->family;
+    return *m.plan;
+  }
+  const size_t slice = ring_slice_elems(config_.slot_bytes, config_.nslots, elem);
+  PlanContext ctx{rank_, world_, elem, slice, nullptr};
+  ctx.topo = &topo_;
+  if (!ring_identity_) {
+    ctx.ring = ring_order_.data();
+    ctx.ring_pos = ring_pos_;
+  }
+  const bool by_input = c.kind == OpKind::kAllGather || c.kind == OpKind::kGather || c.kind == OpKind::kAllToAll;
+  call.count = by_input ? c.b.count : c.a.count;
+  call.root = c.root;
+  call.avg = avg;
+  if (c.kind != OpKind::kBarrier) call.algo = resolve_algo(c);
+  const size_t need = scratch_bytes(call, elem, world_);
+  if (scratch_.size() < need) scratch_.resize(need);
+  const Plan& p = plan_cache_.plan(ctx, call);
+  c.tag.algo = p.family;
+  m.valid = plan_cache_.kept(p);
+  m.kind = c.kind;
+  m.dtype = c.tag.dtype;
+  m.avg = avg;
+  m.root = c.root;
+  m.a_count = c.a.count;
+  m.b_count = c.b.count;
+  m.out = call.out;
+  m.in = call.in;
+  m.generation = plan_cache_.generation();
+  m.plan = &p;
+  return p;
+}
+
+Algo Communicator::resolve_algo(const Call& c) const { return resolve_algo(c.kind, c.model_bytes); }
+
+// What `auto` (or a forced choice this rank cannot run) means for a call:
+// the chooser (comm/chooser.h), from what every rank knows alike (the
+// configuration, the size, whether every rank can pull, the topology and
+// the agreed cost model), so that all ranks pick the same family.
+ChoiceContext Communicator::choice_context(OpKind kind) const {
+  ChoiceContext ctx;
+  ctx.device = Device::kCpu;
+  ctx.configured = algos_.of(kind);
+  ctx.model = &model_;
+  ctx.pull_ok = pull_ok_;
+  return ctx;
+}
+
+Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
+  ChoiceCall call;
+  call.kind = kind;
+  call.bytes = bytes;
+  return choose(choice_context(kind), call);
+}
+
+void Communicator::run_call(Call& c) {
+  size_t out_bytes;
+  const Plan& p = plan(c, &out_bytes);
+  const CallInfo info = info_of(c);
+  const Clock::time_point deadline = deadline_from_now();
+  if (is_rooted(c.kind) && config_.check_agreement) agree_on_call(c, deadline, info);
+  executor_.set_streaming(out_bytes >= kStreamingCopyMinBytes);  // c.a: the output
+  PlanBuffers bufs;
+  bufs.base[kOut] = c.a.ptr;
+  bufs.base[kIn] = c.b.ptr;
+  bufs.base[kScratch] = scratch_.data();
+  bufs.base[kAddrs] = reinterpret_cast<char*>(addrs_.data());
+  executor_.run(p.steps, bufs, c.tag, c.reduces ? &c.reducer : nullptr, deadline, info, nullptr, p.flat);
+}
+
+void Communicator::execute(Call& c, Work& work) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_.empty()) {
+      work.fail(Work::ErrorKind::kError,
+                "ringcomm: " + std::string(c.name()) + " was not run: the communicator failed earlier (" + error_ + ")");
+      return;
+    }
+  }
+  Work::ErrorKind kind = Work::ErrorKind::kNone;
+  std::string message;
+  record(c, CallState::kRunning);
+  try {
+    run_call(c);
+    record(c, CallState::kFinished);
+    work.complete();
+    return;
+  } catch (const std::exception& e) {
+    kind = error_kind_of(e);
+    message = e.what();
+  }
+  record(c, CallState::kFailed);
+  fail(message);
+  work.fail(kind, message);
+}
+
+// submit() checked under mu_ that the communicator is usable and claimed it
+// (running_); the caller releases it.
+void Communicator::run_inline(Call& c) {
+  record(c, CallState::kRunning);
+  try {
+    run_call(c);
+  } catch (const std::exception& e) {
+    record(c, CallState::kFailed);
+    fail(e.what());
+    throw;
+  }
+  record(c, CallState::kFinished);
+}
+
+}  // namespace ringcomm
