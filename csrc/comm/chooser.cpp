@@ -162,7 +162,7 @@ std::vector<Candidate> candidates(const ChoiceContext& ctx, const ChoiceCall& ca
       if (ctx.model) {
         for (const Prediction& p : ctx.model->predict(call.kind, call.bytes)) add(p.algo, p.seconds);
       }
-      if (ctx.pull_ok && algo_has(call.kind, Algo::kPull)) add(Algo::kPull, kNaN);
+      // (pull is no candidate of `auto`: only forcing runs it, and then it is first)
       break;
     }
     case Device::kNccl: {
