@@ -46,7 +46,7 @@ std::pair<ChoiceContext, ChoiceCall> gpu_choice(const std::string& device, const
   call.bytes = nbytes;
   call.dtype = static_cast<DataType>(dtype);
   call.op = static_cast<ReduceOp>(redop);
-  call.reduces = call.kind == OpKind::kAllReduce || call.kind == OpKind::kReduceScatter || call.kind == OpKind::kReduce;
+  call.reduces = op_reduces(call.kind);
   call.requested = parse_gpu_call_algo(algo);
   return {ctx, call};
 }

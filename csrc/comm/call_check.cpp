@@ -91,7 +91,7 @@ CallDesc describe_call(OpKind kind, int rank, int world, Buffer out, Buffer in, 
   d.in = in;
   d.root = root;
   d.op = op;
-  d.reduces = kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
+  d.reduces = op_reduces(kind);
   return d;
 }
 

@@ -29,6 +29,10 @@ bool collective_from_name(const std::string& name, OpKind* out);
 inline bool is_rooted(OpKind k) {
   return k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kScatter || k == OpKind::kGather;
 }
+// all_reduce, reduce_scatter and reduce: the calls that combine values.
+inline bool op_reduces(OpKind k) {
+  return k == OpKind::kAllReduce || k == OpKind::kReduceScatter || k == OpKind::kReduce;
+}
 // "send to rank 2", "recv from any rank (tag 5)": a point-to-point call's
 // name in messages (peer: -1 for a recv from any rank).
 std::string p2p_call_name(bool is_send, int peer, int64_t tag);

@@ -310,7 +310,7 @@ ChoiceCall choice_call(OpKind kind, Algo algo, DataType dtype, ReduceOp op, size
   call.bytes = bytes;
   call.dtype = dtype;
   call.op = op;
-  call.reduces = kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
+  call.reduces = op_reduces(kind);
   call.requested = algo;
   return call;
 }
