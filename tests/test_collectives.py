@@ -45,7 +45,7 @@ def test_fifo_schedules_for_every_size():
     _run_matrix(3, env={"RINGCOMM_PULL": 0}, tag="fifo ")
 
 
-@pytest.mark.parametrize("algo,world_size", [("oneshot", 3), ("ring", 4), ("pull", 3)])
+@pytest.mark.parametrize("algo,world_size", [("oneshot", 2), ("oneshot", 5), ("ring", 4), ("pull", 3)])
 def test_all_reduce_forced_algorithm(algo, world_size):
     """RINGCOMM_ALGO forces one all_reduce algorithm for every size."""
     _run_matrix(world_size, env={"RINGCOMM_ALGO": algo}, prims=("all_reduce",),

@@ -19,14 +19,16 @@ void oneshot_all_reduce(const PlanContext& c, BufRef buf, size_t count, BufRef s
     push_recv(c, p, scratch + p * bytes, bytes);
   }
   // Fold inputs 0..n-1 in rank order. On rank 0 the accumulator is buf itself;
-  // elsewhere it is scratch slot 0 until the last fold writes buf (buf, the own
-  // input, is read at fold r before it is overwritten at fold n-1 >= r).
-  BufRef acc = r == 0 ? buf : scratch;
+  // elsewhere it is scratch block r (no peer's input lands there) until the
+  // last fold writes buf (buf, the own input, is read at fold r before it is
+  // overwritten at fold n-1 >= r). The received blocks are only read, so an
+  // executor may fold them where they arrived (comm/executor.h FlatShape).
+  BufRef acc = r == 0 ? buf : scratch;  // input 0: the received block 0
   for (int p = 1; p < n; ++p) {
     Step s = make_step(StepKind::kLocalReduce, c);
     s.src = acc;
     s.src2 = p == r ? buf : scratch + p * bytes;
-    s.dst = (p == n - 1 || r == 0) ? buf : scratch;
+    s.dst = (p == n - 1 || r == 0) ? buf : scratch + r * bytes;
     s.nbytes = bytes;
     s.divide = avg && p == n - 1;
     push_step(c, s);

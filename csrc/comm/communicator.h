@@ -244,7 +244,15 @@ class Communicator {
   void check_usable();
   // Holds mu_: the thread rule (see communicator.cpp) for a call issued now.
   void check_thread(const Call& call);
-  void record(const Call& c, CallState state);
+  void record(const Call& c, CallState state) {
+    CallRecordView r;
+    r.kind = static_cast<uint8_t>(c.kind);
+    r.state = static_cast<uint8_t>(state);
+    r.p2p = c.kind == OpKind::kSend ? (c.is_send ? 1 : 2) : 0;
+    r.peer = c.kind == OpKind::kSend ? c.root : -1;
+    r.seq = c.tag.seq;
+    router_.record_call(r);
+  }
   CallInfo info_of(const Call& c) const;
   // Rooted calls: every rank checks, before the data moves, that all ranks
   // issued this same call (raises MismatchError on every rank if not).
@@ -299,6 +307,7 @@ class Communicator {
   CheckMemo check_memo_;
   std::atomic<bool> check_memo_busy_{false};
   Schedule agreement_schedule_;  // agree_on_call's rounds (built once: they depend on rank and world only)
+  FlatShape agreement_flat_;     // their shape (Executor::flat_shape), worked out with them
   BufRef agreement_result_;      // where in the state they leave the agreed words
   uint64_t agreement_state_[4] = {};
   std::vector<char> scratch_;   // the families' scratch (one-shot all_reduce inputs, ...)

@@ -41,11 +41,12 @@ void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, cons
   if (agreement_schedule_.empty()) {
     PlanContext ctx{rank_, world_, sizeof(uint64_t), 1, &agreement_schedule_};
     agreement_result_ = dissemination_agreement(ctx, {kState, 0});
+    agreement_flat_ = Executor::flat_shape(agreement_schedule_);
   }
   PlanBuffers bufs;
   bufs.base[kState] = reinterpret_cast<char*>(agreement_state_);
   static const Reducer minimum = make_reducer(DataType::kInt64, ReduceOp::kMin);
-  executor_.run(agreement_schedule_, bufs, c.tag, &minimum, deadline, info);
+  executor_.run(agreement_schedule_, bufs, c.tag, &minimum, deadline, info, nullptr, &agreement_flat_);
   const uint64_t* got = agreement_state_ + agreement_result_.offset / sizeof(uint64_t);
   const uint64_t lo = got[0] >> kRankBits, hi = ~(got[1] >> kRankBits) & kHashMask;
   if (lo != hi) {

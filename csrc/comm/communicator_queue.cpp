@@ -46,16 +46,6 @@ void Communicator::check_thread(const Call& call) {
   issuer_ = me;
 }
 
-void Communicator::record(const Call& c, CallState state) {
-  CallRecordView r;
-  r.kind = static_cast<uint8_t>(c.kind);
-  r.state = static_cast<uint8_t>(state);
-  r.p2p = c.kind == OpKind::kSend ? (c.is_send ? 1 : 2) : 0;
-  r.peer = c.kind == OpKind::kSend ? c.root : -1;
-  r.seq = c.tag.seq;
-  router_.record_call(r);
-}
-
 CallInfo Communicator::info_of(const Call& c) const {
   CallInfo info{c.op, c.tag.seq, rank_, config_.timeout_s};
   info.kind = static_cast<int>(c.kind);

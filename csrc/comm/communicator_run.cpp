@@ -98,7 +98,7 @@ void Communicator::run_call(Call& c) {
   bufs.base[kIn] = c.b.ptr;
   bufs.base[kScratch] = scratch_.data();
   bufs.base[kAddrs] = reinterpret_cast<char*>(addrs_.data());
-  executor_.run(p.steps, bufs, c.tag, c.reduces ? &c.reducer : nullptr, deadline, info, nullptr, p.flat);
+  executor_.run(p.steps, bufs, c.tag, c.reduces ? &c.reducer : nullptr, deadline, info, nullptr, &p.flat);
 }
 
 void Communicator::execute(Call& c, Work& work) {

@@ -83,6 +83,25 @@ void Executor::check_header(const MsgTag& expect, int peer, uint64_t segment, co
   }
 }
 
+void Executor::run_local(const Step& s, char* dst, const char* src, const char* src2, const Reducer* reducer) {
+  if (s.kind == StepKind::kFence) {
+  } else if (s.kind == StepKind::kLocalCopy) {
+    const bool apart = dst + s.nbytes <= src || src + s.nbytes <= dst;
+    if (s.nbytes >= kStreamingCopyMinBytes && apart) {
+      copy_streaming(dst, src, s.nbytes);
+    } else if (s.nbytes) {
+      std::memmove(dst, src, s.nbytes);
+    }
+  } else if (s.kind == StepKind::kPublish) {
+    const uint64_t a = reinterpret_cast<uintptr_t>(src);
+    std::memcpy(dst, &a, sizeof(a));
+  } else {
+    const size_t n = s.nbytes / reducer->elem_size;
+    reducer->fn(dst, src, src2, n);
+    if (s.divide) reducer->divide(dst, n, world_);
+  }
+}
+
 // Moves one step as far as its FIFOs allow. Returns whether anything moved.
 bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
   bool moved = false;
@@ -104,22 +123,7 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
   char* const dst = bufs_->at(s.dst);
   const char* const src = bufs_->at(s.src);
   if (is_local(s.kind)) {
-    if (s.kind == StepKind::kFence) {
-    } else if (s.kind == StepKind::kLocalCopy) {
-      const bool apart = dst + s.nbytes <= src || src + s.nbytes <= dst;
-      if (s.nbytes >= kStreamingCopyMinBytes && apart) {
-        copy_streaming(dst, src, s.nbytes);
-      } else if (s.nbytes) {
-        std::memmove(dst, src, s.nbytes);
-      }
-    } else if (s.kind == StepKind::kPublish) {
-      const uint64_t a = reinterpret_cast<uintptr_t>(src);
-      std::memcpy(dst, &a, sizeof(a));
-    } else {
-      size_t n = s.nbytes / reducer->elem_size;
-      reducer->fn(dst, src, bufs_->at(s.src2), n);
-      if (s.divide) reducer->divide(dst, n, world_);
-    }
+    run_local(s, dst, src, bufs_->at(s.src2), reducer);
     p.complete = true;
     return true;
   }
@@ -204,114 +208,156 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
 
 namespace {
 
-constexpr size_t kFlatMaxSteps = 64;
+// Whether [a, a+an) and [b, b+bn) share a byte (same buffer).
+bool overlap(BufRef a, size_t an, BufRef b, size_t bn) {
+  return a.buf == b.buf && a.buf != kNone && a.offset < b.offset + bn && b.offset < a.offset + an;
+}
 
 }  // namespace
 
-int Executor::flat_shape(const Schedule& steps) {
+FlatShape Executor::flat_shape(const Schedule& steps) {
+  FlatShape shape;
   const size_t n = steps.size();
-  if (n > kFlatMaxSteps) return -1;
+  if (n > FlatShape::kMaxSteps) return shape;
   // The transfers first (plain sends and receives, no `after`, each on a
   // FIFO no other step of the plan uses), then only local steps.
   size_t transfers = 0;
   for (; transfers < n; ++transfers) {
     const Step& s = steps[transfers];
     if (s.kind != StepKind::kSend && s.kind != StepKind::kRecv) break;
-    if (s.after != SIZE_MAX) return -1;
+    if (s.after != SIZE_MAX) return shape;
     for (size_t j = 0; j < transfers; ++j) {
       const Step& o = steps[j];
       if (o.kind == s.kind && (s.kind == StepKind::kSend ? o.send_peer == s.send_peer : o.recv_peer == s.recv_peer)) {
-        return -1;
+        return shape;
       }
     }
   }
   for (size_t i = transfers; i < n; ++i) {
-    if (!is_local(steps[i].kind)) return -1;
+    if (!is_local(steps[i].kind)) return shape;
+    shape.from[i - transfers] = {FlatShape::kOwn, FlatShape::kOwn};
   }
-  return static_cast<int>(transfers);
+  shape.transfers = static_cast<int>(transfers);
+  // Held receives: into scratch (dead after the call), nothing else of the
+  // plan touching their bytes but local reads of exactly the message.
+  for (size_t i = 0; i < transfers; ++i) {
+    const Step& r = steps[i];
+    if (r.kind != StepKind::kRecv || r.dst.buf != kScratch || r.nbytes == 0) continue;
+    bool ok = true;
+    std::array<std::array<int8_t, 2>, FlatShape::kMaxSteps> from = shape.from;
+    for (size_t j = 0; j < n && ok; ++j) {
+      if (j == i) continue;
+      const Step& s = steps[j];
+      if (j < transfers) {  // another transfer's bytes
+        ok = !overlap(s.kind == StepKind::kSend ? s.src : s.dst, s.nbytes, r.dst, r.nbytes);
+        continue;
+      }
+      if (s.kind == StepKind::kFence) continue;
+      if (s.kind == StepKind::kPublish) {  // writes 8 bytes at dst; reads src's address
+        ok = !overlap(s.dst, sizeof(uint64_t), r.dst, r.nbytes) && !overlap(s.src, 1, r.dst, r.nbytes);
+        continue;
+      }
+      if (overlap(s.dst, s.nbytes, r.dst, r.nbytes)) {
+        ok = false;
+        continue;
+      }
+      const BufRef reads[2] = {s.src, s.kind == StepKind::kLocalReduce ? s.src2 : BufRef{}};
+      for (int k = 0; k < 2 && ok; ++k) {
+        if (!overlap(reads[k], s.nbytes, r.dst, r.nbytes)) continue;
+        if (reads[k] == r.dst && s.nbytes == r.nbytes) {
+          from[j - transfers][k] = static_cast<int8_t>(i);
+        } else {
+          ok = false;
+        }
+      }
+    }
+    if (ok) {
+      shape.held |= uint64_t{1} << i;
+      shape.from = from;
+    }
+  }
+  return shape;
 }
 
-bool Executor::run_flat(const Schedule& steps, size_t transfers, const Reducer* reducer,
+bool Executor::run_flat(const Schedule& steps, const FlatShape& shape, const Reducer* reducer,
                         const Clock::time_point& deadline, const CallInfo& info) {
-  const size_t n = steps.size();
-  size_t left = transfers;
-  bool too_big = false;  // a transfer of more than one segment: the general passes take over
+  const size_t n = steps.size(), transfers = static_cast<size_t>(shape.transfers);
+  // Each transfer's link, looked up once; a transfer of more than one
+  // segment hands the plan to the general passes before anything moves.
+  for (size_t i = 0; i < transfers; ++i) {
+    const Step& s = steps[i];
+    links_[i] = transport_->link(s.kind == StepKind::kSend ? s.send_peer : s.recv_peer);
+    if (s.nbytes > links_[i]->slot_bytes()) return false;
+  }
+  uint64_t pending = transfers == 64 ? ~uint64_t{0} : (uint64_t{1} << transfers) - 1;  // bit i: transfer i
   drive(
       [&] {
         bool moved = false;
-        if (left) {
-          for (size_t i = 0; i < transfers; ++i) {
-            if (progress_[i].complete) continue;
-            const int r = flat_transfer(steps[i], progress_[i]);
-            if (r < 0) {
-              too_big = true;
-              first_ = n;  // leaves drive(); run() resets it
-              return true;
-            }
-            if (r) {
-              moved = true;
-              --left;
-            }
+        for (uint64_t m = pending; m; m &= m - 1) {
+          const size_t i = static_cast<size_t>(__builtin_ctzll(m));
+          if (flat_transfer(steps[i], links_[i], (shape.held >> i) & 1, i)) {
+            moved = true;
+            pending &= ~(uint64_t{1} << i);
           }
-          if (left) return moved;
         }
-        // Everything before them is complete: the local steps, in order.
-        for (; first_ < n; ++first_) {
-          if (first_ >= transfers) advance(steps[first_], progress_[first_], reducer);
-        }
-        return true;
+        return moved;
       },
-      [&] { return first_ >= n; }, deadline, info,
+      [&] { return pending == 0; }, deadline, info,
       [&] {
-        while (first_ < n && progress_[first_].complete) ++first_;
+        first_ = static_cast<size_t>(__builtin_ctzll(pending));  // the transfer waited for
         fail_timeout(steps, *info_);
       });
-  if (too_big) first_ = 0;  // progress_ holds what moved: the general passes go on from there
-  return !too_big;
+  // Every transfer is complete: the local steps, in order.
+  for (size_t i = transfers; i < n; ++i) {
+    const Step& s = steps[i];
+    const std::array<int8_t, 2>& from = shape.from[i - transfers];
+    const char* src = from[0] == FlatShape::kOwn ? bufs_->at(s.src) : held_[from[0]];
+    const char* src2 = from[1] == FlatShape::kOwn ? bufs_->at(s.src2) : held_[from[1]];
+    run_local(s, bufs_->at(s.dst), src, src2, reducer);
+  }
+  for (uint64_t h = shape.held; h; h &= h - 1) links_[__builtin_ctzll(h)]->recv_release();
+  return true;
 }
 
 // A send or receive of one segment (run_flat): advance() without the
-// general loop.
-int Executor::flat_transfer(const Step& s, StepProgress& p) {
+// general loop. Returns whether it moved (it then is complete).
+bool Executor::flat_transfer(const Step& s, Link* link, bool held, size_t i) {
   if (s.kind == StepKind::kSend) {
-    Link* out = transport_->link(s.send_peer);
-    if (s.nbytes > out->slot_bytes()) return -1;
     const char* src = bufs_->at(s.src);
-    char* slot = out->send_slot(page_offset(src));
-    if (!slot) return 0;
+    char* slot = link->send_slot(page_offset(src));
+    if (!slot) return false;
     if (s.nbytes) std::memcpy(slot, src, s.nbytes);
     MsgHeader oh;
     oh.tag = *tag_;
     oh.nbytes = static_cast<uint32_t>(s.nbytes);
     oh.segment = 0;
-    out->send_commit(oh);
+    link->send_commit(oh);
   } else {
-    Link* in = transport_->link(s.recv_peer);
-    if (s.nbytes > in->slot_bytes()) return -1;
     for (;;) {
       const char* payload = nullptr;
-      const MsgHeader* h = in->recv_peek(&payload);
-      if (!h) return 0;
+      const MsgHeader* h = link->recv_peek(&payload);
+      if (!h) return false;
       bool absorbed = false;
       if (absorbed_p2p(*tag_, s.recv_peer, *h, &absorbed)) {
-        if (!absorbed) return 0;
+        if (!absorbed) return false;
         continue;  // the collective's own data may be next
       }
       check_header(*tag_, s.recv_peer, 0, *h, s.nbytes);
+      if (held) {
+        held_[i] = payload;  // read by the local steps, released after them
+        break;
+      }
       char* dst = bufs_->at(s.dst);
       if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {  // as advance() copies
         copy_streaming(dst, payload, s.nbytes);
       } else if (s.nbytes) {
         std::memcpy(dst, payload, s.nbytes);
       }
-      in->recv_release();
+      link->recv_release();
       break;
     }
   }
-  p.done = s.nbytes;
-  p.segment = 1;
-  p.complete = true;
-  return 1;
+  return true;
 }
 
 // One pass over the active window, in the order comm/step_order.h sets.
@@ -439,17 +485,20 @@ void Executor::throw_timeout(const CallInfo& info, const std::string& what) cons
 
 void Executor::run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
                    const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill,
-                   int flat) {
+                   const FlatShape* flat) {
   bufs_ = &bufs;
   tag_ = &tag;
   first_ = 0;
+  if (!refill) {
+    if (flat) {
+      if (flat->transfers >= 0 && run_flat(steps, *flat, reducer, deadline, info)) return;
+    } else {
+      const FlatShape here = flat_shape(steps);
+      if (here.transfers >= 0 && run_flat(steps, here, reducer, deadline, info)) return;
+    }
+  }
   progress_.resize(steps.size());  // within the reserved capacity: no allocation
   for (StepProgress& p : progress_) p = StepProgress{};
-  if (!refill) {
-    if (flat == kFlatUnknown) flat = flat_shape(steps);
-    if (flat >= 0 && run_flat(steps, static_cast<size_t>(flat), reducer, deadline, info)) return;
-  }
-  // (run_flat may have moved some steps before handing over: progress_ says which.)
   const size_t window = refill ? SIZE_MAX / 2 : step_window(world_);
   drive([&] {
           bool changed = refill && (*refill)();

@@ -3,6 +3,7 @@
 // passes. Waiting escalates from spinning to yielding to sleeping.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,22 @@ std::string call_name(const CallInfo& info);
 
 
 
+// A plan of run_flat's shape (Executor::flat_shape): its leading transfers
+// (plain sends and receives of one segment, each on a FIFO of its own),
+// then local steps. A receive into scratch whose data the local steps only
+// read, each read naming exactly that message, is `held`: its payload is
+// read where it lies in the FIFO, and the slot released when the local
+// steps are done (the one-shot fold reduces its peers' inputs in place).
+struct FlatShape {
+  static constexpr size_t kMaxSteps = 64;
+  static constexpr int8_t kOwn = -1;
+  int transfers = -1;  // -1: not of the shape
+  uint64_t held = 0;   // bit i: transfer i is a held receive
+  // For the local step `transfers + j`: the held receive whose payload its
+  // src ([j][0]) and src2 ([j][1]) read, or kOwn (the step's own BufRef).
+  std::array<std::array<int8_t, 2>, kMaxSteps> from{};
+};
+
 class Executor {
  public:
   Executor(Transport* transport, int rank, int world, WaitPolicy policy);
@@ -79,19 +96,16 @@ class Executor {
   // otherwise a pass looks at a bounded window after the first unfinished step.
   //
   // `steps` is only read: the progress of each step is the executor's own
-  // (step_complete), so a schedule may be kept and run again.
+  // (StepProgress), so a schedule may be kept and run again.
   //
   // `flat`: flat_shape(steps) when the caller keeps it with the plan (a
-  // kept plan's shape is worked out once), kFlatUnknown to have run() do it.
-  static constexpr int kFlatUnknown = -2;
+  // kept plan's shape is worked out once), null to have run() do it.
   void run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
            const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill = nullptr,
-           int flat = kFlatUnknown);
-  // The number of leading transfers of a plan of run_flat's shape (below),
-  // or -1 for any other plan.
-  static int flat_shape(const Schedule& steps);
-  // Whether step i of the schedule being run (or run last) is complete.
-  bool step_complete(size_t i) const { return i < progress_.size() && progress_[i].complete; }
+           const FlatShape* flat = nullptr);
+  // The shape of a plan as run_flat (below) runs it; transfers -1 for a
+  // plan of any other shape.
+  static FlatShape flat_shape(const Schedule& steps);
 
   // The waiting loop of run(), for callers that move data themselves (the
   // send/recv groups): calls `step` (returns whether anything moved)
@@ -122,13 +136,15 @@ class Executor {
   // segment each, every one on a FIFO of its own, then local steps. The
   // ordering rules (comm/step_order.h) then reduce to "the transfers in any
   // order, then the local steps in list order", which run_flat does without
-  // the general passes. Returns false for other plans (having done nothing,
-  // or, when a transfer turns out to need more than one segment, with
-  // progress_ saying what moved: the general passes go on from there).
-  bool run_flat(const Schedule& steps, size_t transfers, const Reducer* reducer, const Clock::time_point& deadline,
-                const CallInfo& info);
-  // 1: done, 0: must wait, -1: more than one segment (not moved).
-  int flat_transfer(const Step& s, StepProgress& p);
+  // the general passes. Returns false, having moved nothing, when a
+  // transfer needs more than one segment of its link.
+  bool run_flat(const Schedule& steps, const FlatShape& shape, const Reducer* reducer,
+                const Clock::time_point& deadline, const CallInfo& info);
+  // Moves one transfer of run_flat over its link; whether it did (it is then
+  // complete). `held`: the receive's payload stays in its slot (held_[i]).
+  bool flat_transfer(const Step& s, Link* link, bool held, size_t i);
+  // A local step over resolved memory (advance and run_flat).
+  void run_local(const Step& s, char* dst, const char* src, const char* src2, const Reducer* reducer);
   bool advance(const Step& s, StepProgress& p, const Reducer* reducer);
   void pull(const Step& s, const Reducer* reducer);
   [[noreturn]] void fail_timeout(const Schedule& steps, const CallInfo& info);
@@ -147,6 +163,8 @@ class Executor {
   size_t first_ = 0;  // first incomplete step
   bool streaming_ = false;
   std::vector<StepProgress> progress_;  // one per step of the running schedule (reused)
+  std::array<const char*, FlatShape::kMaxSteps> held_{};  // run_flat: the held receives' payloads
+  std::array<Link*, FlatShape::kMaxSteps> links_{};       // run_flat: each transfer's link
   FifoMarks busy_;
   std::vector<char> pull_tmp_;
   const CallInfo* info_ = nullptr;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "comm/call_plan.h"
+#include "comm/executor.h"
 
 namespace ringcomm {
 
@@ -46,7 +47,7 @@ struct PlanCacheStats {
 struct Plan {
   ScheduleFamily family = kFamilyFifo;
   Schedule steps;
-  int flat = -1;  // Executor::flat_shape(steps), worked out once when the plan is made
+  FlatShape flat;  // Executor::flat_shape(steps), worked out once when the plan is made
 };
 
 class PlanCache {
