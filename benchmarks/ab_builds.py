@@ -7,6 +7,11 @@ launch is `ringcomm-bench` (python -m ringcomm.bench.cli) over the same
 sizes, 2 ranks on shared memory, and the figure of a launch is its own
 median. Reported per metric: the median over launches of each build, the
 range, and after/before (time: below 1 is faster; busbw: above 1 is faster).
+Launches on these 2-core machines are bimodal (a launch whose ranks share a
+core for a while is 10x slower at small sizes, for either build), so each
+metric also gets the first quartile over launches (the fast mode's level,
+which a few slow launches do not move) with its ratio, and the number of
+slow launches (3x the fastest launch of either build, or worse) per build.
 
     python benchmarks/ab_builds.py --before /path/to/old/python --after .venv/bin/python \\
         --launches 6 --out benchmarks/results/ab_builds.txt
@@ -64,6 +69,15 @@ def read(doc, op, size, what):
     return None
 
 
+def quartile(xs, q):
+    """The q-quantile of xs (linear between order statistics)."""
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", required=True, help="python of the build before")
@@ -89,15 +103,21 @@ def main(argv=None):
     lines = [f"# ab_builds: {a.launches} launches of each build, alternating; 2 ranks, shared memory; "
              f"CPU: {cpu}, {os.cpu_count()} cores",
              f"# before: {a.before}", f"# after:  {a.after}",
-             f"{'metric':34} {'before median (min..max)':>28} {'after median (min..max)':>28} {'after/before':>13}"]
+             f"{'metric':34} {'before median (min..max)':>28} {'after median (min..max)':>28} {'after/before':>13}"
+             f" {'q1 before':>10} {'q1 after':>9} {'q1 ratio':>9} {'slow b/a':>9}"]
     for name, *_ in METRICS:
         xb, xa = got["before"][name], got["after"][name]
         if not xb or not xa:
             lines.append(f"{name:34} {'(not measured)':>28}")
             continue
+        time_like = "(us)" in name
         mb, ma = statistics.median(xb), statistics.median(xa)
+        # q1 of times (the fast quarter's edge); of bandwidths, the third quartile.
+        qb, qa = (quartile(x, 0.25 if time_like else 0.75) for x in (xb, xa))
+        best = min(xb + xa) if time_like else max(xb + xa)
+        slow = [sum(1 for v in x if (v > 3 * best if time_like else v < best / 3)) for x in (xb, xa)]
         lines.append(f"{name:34} {mb:>10.3f} ({min(xb):.3f}..{max(xb):.3f}) {ma:>10.3f} ({min(xa):.3f}..{max(xa):.3f})"
-                     f" {ma / mb:>12.3f}")
+                     f" {ma / mb:>12.3f} {qb:>10.3f} {qa:>9.3f} {qa / qb:>9.3f} {slow[0]:>4}/{slow[1]:<4}")
     text = "\n".join(lines)
     print(text)
     if a.out:

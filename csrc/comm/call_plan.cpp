@@ -33,18 +33,6 @@ void call_buffer_bytes(OpKind kind, size_t count, size_t elem, int world, size_t
   }
 }
 
-void call_buffers(const char* out, size_t out_bytes, const char* in, size_t in_bytes, CallPlan* call) {
-  call->out = out ? BufRef{kOut, 0} : BufRef{};
-  call->in = in ? BufRef{kIn, 0} : BufRef{};
-  if (!out || !in || !out_bytes || !in_bytes) return;
-  if (!(out < in + in_bytes && in < out + out_bytes)) return;
-  if (in >= out) {
-    call->in = {kOut, static_cast<uint64_t>(in - out)};
-  } else {
-    call->out = {kIn, static_cast<uint64_t>(out - in)};
-  }
-}
-
 CallPlan plan_of(const AddressedCall& a, size_t elem, int world) {
   CallPlan call;
   call.kind = a.kind;

@@ -49,7 +49,17 @@ struct CallPlan {
 // CallPlan::out and ::in for a call whose output (null: none) and input
 // (null: none) are these: kOut and kIn, or, when they overlap (the in-place
 // forms: one is a block of the other), both named in the larger one.
-void call_buffers(const char* out, size_t out_bytes, const char* in, size_t in_bytes, CallPlan* call);
+inline void call_buffers(const char* out, size_t out_bytes, const char* in, size_t in_bytes, CallPlan* call) {
+  call->out = out ? BufRef{kOut, 0} : BufRef{};
+  call->in = in ? BufRef{kIn, 0} : BufRef{};
+  if (!out || !in || !out_bytes || !in_bytes) return;
+  if (!(out < in + in_bytes && in < out + out_bytes)) return;
+  if (in >= out) {
+    call->in = {kOut, static_cast<uint64_t>(in - out)};
+  } else {
+    call->out = {kIn, static_cast<uint64_t>(out - in)};
+  }
+}
 
 // A call with its buffers' addresses, as the GPU paths and the test hooks
 // issue it: what it plans as (plan_of) and the buffers it runs on (buffers_of).

@@ -42,13 +42,13 @@ namespace {
 thread_local std::vector<const std::atomic<int>*> t_inside;
 }  // namespace
 
-Communicator::Inside::Inside(std::atomic<int>& n) : n_(n) {
-  n_.fetch_add(1, std::memory_order_acq_rel);
-  t_inside.push_back(&n_);
+Communicator::Inside::Inside(std::atomic<int>& n) : n_(n), mine_(&t_inside) {
+  sole = n_.fetch_add(1, std::memory_order_acq_rel) == 0;
+  mine_->push_back(&n_);
 }
 
 Communicator::Inside::~Inside() {
-  t_inside.pop_back();
+  mine_->pop_back();
   n_.fetch_sub(1, std::memory_order_acq_rel);
 }
 

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <atomic>
 #include <vector>
 
@@ -191,13 +192,22 @@ class Communicator {
     // send/recv "send to rank 2 (tag 5)", built when it is numbered. A
     // collective's call builds no string.
     const char* op = "";
-    mutable std::string p2p_name;  // built at the first name() of a send/recv (errors, queued calls)
+    // Built at the first name() of a send/recv (errors, queued calls); held
+    // inline, so that a Call copies as plain bytes ("recv from rank
+    // 2147483647 (tag -9223372036854775808)" fits).
+    mutable char p2p_name[64] = {};
     const char* name() const {
       if (kind != OpKind::kSend) return op;
-      if (p2p_name.empty()) p2p_name = p2p_call_name(is_send, root, p2p_tag);
-      return p2p_name.c_str();
+      if (!p2p_name[0]) {
+        const std::string s = p2p_call_name(is_send, root, p2p_tag);
+        s.copy(p2p_name, sizeof(p2p_name) - 1);
+      }
+      return p2p_name;
     }
   };
+
+  static_assert(std::is_trivially_copyable<Call>::value,
+                "a Call is copied on every call (the check memo): keep it plain bytes");
 
   using Item = std::pair<Call, std::shared_ptr<Work>>;
 
@@ -264,13 +274,16 @@ class Communicator {
     explicit Inside(std::atomic<int>& n);
     ~Inside();
     std::atomic<int>& n_;
+    std::vector<const std::atomic<int>*>* mine_;  // this thread's list (thread_inside), looked up once
+    bool sole;  // no other thread was inside when this one entered
   };
   static bool thread_inside(const std::atomic<int>* counter);
   Call collective(OpKind kind, DataType dtype, size_t count, const char* name);
   // The call `d` describes, checked (comm/call_check.h); checked_afresh
   // always runs the check, checked reuses the last in-place op's result.
-  Call checked(const CallDesc& d);
-  Call checked_afresh(const CallDesc& d);
+  Call checked(const CallDesc& d, bool sole);
+  Call checked_afresh(const CallDesc& d, bool memo);  // memo: keep the result in check_memo_
+  Call memo_call(const Buffer& x) const;               // check_memo_'s call over buffer x
 
   const int rank_;
   const int world_;
@@ -305,7 +318,6 @@ class Communicator {
     Call call;  // what checked_afresh made of it (its buffer replaced per call)
   };
   CheckMemo check_memo_;
-  std::atomic<bool> check_memo_busy_{false};
   Schedule agreement_schedule_;  // agree_on_call's rounds (built once: they depend on rank and world only)
   FlatShape agreement_flat_;     // their shape (Executor::flat_shape), worked out with them
   BufRef agreement_result_;      // where in the state they leave the agreed words

@@ -26,34 +26,36 @@ Communicator::Call Communicator::collective(OpKind kind, DataType dtype, size_t 
 }
 
 // The call a checked descriptor describes (comm/call_check.h holds every rule).
-Communicator::Call Communicator::checked(const CallDesc& d) {
+Communicator::Call Communicator::checked(const CallDesc& d, bool sole) {
   // The in-place ops' rules read only the signature (presence, dtype, op,
   // root, world), so a call with the last one's signature passes as it did:
   // its checked call is reused with this call's buffer. (A training loop
   // repeats its calls; a small all_reduce's check would otherwise cost a
-  // fifth of the call.) The memo is taken by one thread at a time; a second
-  // thread (itself an error the communicator reports) checks afresh.
+  // fifth of the call.) The memo is only read and written by a thread that
+  // entered the communicator when no other thread was inside (`sole`, from
+  // Inside): that thread has it to itself, and the counter's acq_rel
+  // updates order its accesses after those of the thread before it. Other
+  // threads (a second thread's call is itself an error the communicator
+  // reports) check afresh.
   const bool in_place = d.kind == OpKind::kAllReduce || d.kind == OpKind::kBroadcast || d.kind == OpKind::kReduce;
-  if (in_place && d.out.present && !check_memo_busy_.exchange(true, std::memory_order_acquire)) {
-    CheckMemo& m = check_memo_;
-    if (m.valid && m.call.kind == d.kind && m.dtype == d.out.dtype && m.count == d.out.count &&
-        m.call.root == (is_rooted(d.kind) ? d.root : -1) && (!d.reduces || m.call.redop == d.op)) {
-      Call c = m.call;
-      check_memo_busy_.store(false, std::memory_order_release);
-      c.a = d.out;
-      return c;
-    }
-    check_memo_busy_.store(false, std::memory_order_release);
+  const bool memo = sole && in_place;
+  const CheckMemo& m = check_memo_;
+  if (memo && d.out.present && m.valid && m.call.kind == d.kind && m.dtype == d.out.dtype &&
+      m.count == d.out.count && m.call.root == (is_rooted(d.kind) ? d.root : -1) &&
+      (!d.reduces || m.call.redop == d.op)) {
+    return memo_call(d.out);
   }
-  Call c = checked_afresh(d);
-  if (in_place && !check_memo_busy_.exchange(true, std::memory_order_acquire)) {
-    check_memo_ = {true, d.out.dtype, d.out.count, c};
-    check_memo_busy_.store(false, std::memory_order_release);
-  }
+  return checked_afresh(d, memo);
+}
+
+// (Each returns its one Call as it is: no copy into the caller's.)
+Communicator::Call Communicator::memo_call(const Buffer& x) const {
+  Call c = check_memo_.call;
+  c.a = x;
   return c;
 }
 
-Communicator::Call Communicator::checked_afresh(const CallDesc& d) {
+Communicator::Call Communicator::checked_afresh(const CallDesc& d, bool memo) {
   check_call(d);
   Call c = collective(d.kind, call_dtype(d), call_count(d), op_kind_name(d.kind));
   if (d.reduces) {
@@ -71,48 +73,54 @@ Communicator::Call Communicator::checked_afresh(const CallDesc& d) {
     c.root = d.root;
     c.tag.root = d.root;
   }
+  if (memo) check_memo_ = {true, d.out.dtype, d.out.count, c};
   return c;
 }
 
 std::shared_ptr<Work> Communicator::all_reduce(Buffer x, ReduceOp op, bool async) {
   Inside inside(inside_);
-  Call c = checked(describe_call(OpKind::kAllReduce, rank_, world_, x, Buffer{}, -1, op));
+  Call c = checked(describe_call(OpKind::kAllReduce, rank_, world_, x, Buffer{}, -1, op), inside.sole);
   return submit(std::move(c), async);
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(Buffer out, Buffer in, ReduceOp op, bool async) {
   Inside inside(inside_);
-  return submit(checked(describe_call(OpKind::kReduceScatter, rank_, world_, out, in, -1, op)), async);
+  return submit(checked(describe_call(OpKind::kReduceScatter, rank_, world_, out, in, -1, op), inside.sole), async);
 }
 
 std::shared_ptr<Work> Communicator::all_gather(Buffer out, Buffer in, bool async) {
   Inside inside(inside_);
-  return submit(checked(describe_call(OpKind::kAllGather, rank_, world_, out, in, -1, ReduceOp::kSum)), async);
+  Call c = checked(describe_call(OpKind::kAllGather, rank_, world_, out, in, -1, ReduceOp::kSum), inside.sole);
+  return submit(std::move(c), async);
 }
 
 std::shared_ptr<Work> Communicator::broadcast(Buffer x, int src, bool async) {
   Inside inside(inside_);
-  return submit(checked(describe_call(OpKind::kBroadcast, rank_, world_, x, Buffer{}, src, ReduceOp::kSum)), async);
+  Call c = checked(describe_call(OpKind::kBroadcast, rank_, world_, x, Buffer{}, src, ReduceOp::kSum), inside.sole);
+  return submit(std::move(c), async);
 }
 
 std::shared_ptr<Work> Communicator::reduce(Buffer x, int dst, ReduceOp op, bool async) {
   Inside inside(inside_);
-  return submit(checked(describe_call(OpKind::kReduce, rank_, world_, x, Buffer{}, dst, op)), async);
+  return submit(checked(describe_call(OpKind::kReduce, rank_, world_, x, Buffer{}, dst, op), inside.sole), async);
 }
 
 std::shared_ptr<Work> Communicator::scatter(Buffer out, Buffer in, int src, bool async) {
   Inside inside(inside_);
-  return submit(checked(describe_call(OpKind::kScatter, rank_, world_, out, in, src, ReduceOp::kSum)), async);
+  Call c = checked(describe_call(OpKind::kScatter, rank_, world_, out, in, src, ReduceOp::kSum), inside.sole);
+  return submit(std::move(c), async);
 }
 
 std::shared_ptr<Work> Communicator::gather(Buffer out, Buffer in, int dst, bool async) {
   Inside inside(inside_);
-  return submit(checked(describe_call(OpKind::kGather, rank_, world_, out, in, dst, ReduceOp::kSum)), async);
+  Call c = checked(describe_call(OpKind::kGather, rank_, world_, out, in, dst, ReduceOp::kSum), inside.sole);
+  return submit(std::move(c), async);
 }
 
 std::shared_ptr<Work> Communicator::all_to_all(Buffer out, Buffer in, bool async) {
   Inside inside(inside_);
-  return submit(checked(describe_call(OpKind::kAllToAll, rank_, world_, out, in, -1, ReduceOp::kSum)), async);
+  Call c = checked(describe_call(OpKind::kAllToAll, rank_, world_, out, in, -1, ReduceOp::kSum), inside.sole);
+  return submit(std::move(c), async);
 }
 
 Communicator::Call Communicator::p2p_call(const Buffer& x, int peer, int64_t tag, bool is_send) {

@@ -10,22 +10,7 @@ bool valid_op(ReduceOp op) { return static_cast<int>(op) < kNumReduceOps; }
 
 }  // namespace
 
-size_t dtype_size(DataType t) {
-  switch (t) {
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-      return 2;
-    case DataType::kFloat32:
-    case DataType::kInt32:
-      return 4;
-    case DataType::kFloat64:
-    case DataType::kInt64:
-      return 8;
-    case DataType::kInt8:
-    case DataType::kUInt8:
-    case DataType::kBool:
-      return 1;
-  }
+void throw_invalid_dtype(DataType t) {
   throw ValueError("invalid dtype code " + std::to_string(static_cast<int>(t)));
 }
 

@@ -34,7 +34,14 @@ enum class ReduceOp : uint8_t {
 };
 constexpr int kNumReduceOps = 8;
 
-size_t dtype_size(DataType t);
+// The size of one element (ValueError for a code that is no DataType).
+[[noreturn]] void throw_invalid_dtype(DataType t);
+inline size_t dtype_size(DataType t) {
+  constexpr uint8_t kSizes[kNumDataTypes] = {2, 2, 4, 8, 1, 1, 4, 8, 1};  // in enum order
+  const unsigned i = static_cast<unsigned>(t);
+  if (i >= static_cast<unsigned>(kNumDataTypes)) throw_invalid_dtype(t);
+  return kSizes[i];
+}
 const char* dtype_name(DataType t);
 const char* reduce_op_name(ReduceOp op);
 bool is_integer(DataType t);  // int8..int64 and bool
