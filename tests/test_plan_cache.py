@@ -403,3 +403,50 @@ def test_kept_plans_run_on_fresh_buffers(world_size):
     results = harness.run_ranks(_kept_plans_on_fresh_buffers, world_size, env={}, comm_timeout=30.0,
                                 hard_timeout=120)
     harness.assert_no_failures(results)
+
+
+def _memo_plans_across_evictions(comm):
+    """The in-place ops' check memo hands a repeated call the plan its signature ran last
+    (csrc/comm/communicator_run.cpp), only while the cache still keeps it: with room
+    for one plan, an out-of-place call in between (which the memo does not see) evicts
+    it, and the next in-place call is planned again, and right."""
+    n, r = comm.world_size, comm.rank
+    fails = []
+
+    def stats():
+        return comm.plan_cache_stats()
+
+    for op in ("all_reduce", "broadcast", "reduce"):
+        for rnd in range(3):
+            s0 = stats()
+            for i in range(3):
+                x = np.full(7, r + i + rnd, np.float32)
+                if op == "all_reduce":
+                    comm.all_reduce(x)
+                    ok = (x == n * (i + rnd) + n * (n - 1) / 2).all()
+                elif op == "broadcast":
+                    comm.broadcast(x, src=n - 1)
+                    ok = (x == n - 1 + i + rnd).all()
+                else:
+                    comm.reduce(x, dst=0)
+                    ok = (x == n * (i + rnd) + n * (n - 1) / 2).all() if r == 0 else (x == r + i + rnd).all()
+                if not ok:
+                    fails.append(f"{op} round {rnd} call {i}: {x}")
+            s1 = stats()
+            # The first call of a round plans (the plan was evicted), the other two hit.
+            if (s1["misses"] - s0["misses"], s1["hits"] - s0["hits"]) != (1, 2):
+                fails.append(f"{op} round {rnd}: not one miss then two hits: {s0} then {s1}")
+            out = np.zeros(3 * n, np.int32)
+            comm.all_gather(out, np.full(3, r, np.int32))  # evicts the in-place op's plan
+            if not (out == np.repeat(np.arange(n, dtype=np.int32), 3)).all():
+                fails.append(f"all_gather after {op}: {out}")
+    if stats()["evictions"] < 9:
+        fails.append(f"the cache of one plan evicted too little: {stats()}")
+    return fails
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_memo_plans_are_not_used_once_evicted(world_size):
+    results = harness.run_ranks(_memo_plans_across_evictions, world_size, env={"RINGCOMM_PLAN_CACHE": "1"},
+                                comm_timeout=30.0, hard_timeout=120)
+    harness.assert_no_failures(results)

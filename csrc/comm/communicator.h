@@ -185,6 +185,14 @@ class Communicator {
     Reducer reducer{};  // chosen (and checked) when the call is validated
     int root = -1;  // root, or the peer of send/recv (kAnySource: a recv from any)
     bool is_send = false;
+    // The check memo's calls (checked): the plan their signature ran last
+    // time, kept by plan_cache_ while its generation is `plan_generation`,
+    // so that plan() hands it back without its own lookup. `memo_owner`: a
+    // call the memo's thread runs inline (submit), which plan() may
+    // teach the memo its plan; a queued call (another thread runs it) may not.
+    const Plan* plan = nullptr;
+    uint64_t plan_generation = 0;
+    bool memo_owner = false;
     int64_t p2p_tag = 0;
     Buffer a, b;    // a: in-place buffer or output, b: input
     size_t model_bytes = 0;  // the call's size as the cost model counts it (call_model_bytes)
@@ -243,6 +251,7 @@ class Communicator {
   // The call's plan (kept by plan_cache_; valid until the next plan());
   // sets call.tag.algo to its family and *out_bytes to its output's size.
   const Plan& plan(Call& call, size_t* out_bytes);
+  void teach_check_memo(const Call& c, const Plan& p);
   Algo resolve_algo(const Call& c) const;
   Algo resolve_algo(OpKind kind, size_t model_bytes) const;
   ChoiceContext choice_context(OpKind kind) const;

@@ -52,6 +52,7 @@ Communicator::Call Communicator::checked(const CallDesc& d, bool sole) {
 Communicator::Call Communicator::memo_call(const Buffer& x) const {
   Call c = check_memo_.call;
   c.a = x;
+  c.memo_owner = true;
   return c;
 }
 
@@ -73,7 +74,10 @@ Communicator::Call Communicator::checked_afresh(const CallDesc& d, bool memo) {
     c.root = d.root;
     c.tag.root = d.root;
   }
-  if (memo) check_memo_ = {true, d.out.dtype, d.out.count, c};
+  if (memo) {
+    check_memo_ = {true, d.out.dtype, d.out.count, c};
+    c.memo_owner = true;
+  }
   return c;
 }
 

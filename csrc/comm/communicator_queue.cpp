@@ -75,6 +75,7 @@ std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mut
   auto work = std::make_shared<Work>(call.name(), waiters_);
   work->set_helper([this, w = work.get()] { help(w); });
   work->set_on_interrupt([this](const std::string& why) { abort(why); });
+  call.memo_owner = false;  // run by whichever thread takes the queue
   queue_.emplace_back(std::move(call), work);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   if (notify) cv_.notify_all();

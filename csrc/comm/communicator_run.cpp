@@ -32,6 +32,7 @@ const Plan& Communicator::plan(Call& c, size_t* out_bytes_out) {
       m.generation == plan_cache_.generation()) {
     plan_cache_.count_hit();
     c.tag.algo = m.plan->family;
+    teach_check_memo(c, *m.plan);
     return *m.plan;
   }
   const size_t slice = ring_slice_elems(config_.slot_bytes, config_.nslots, elem);
@@ -61,7 +62,15 @@ const Plan& Communicator::plan(Call& c, size_t* out_bytes_out) {
   m.in = call.in;
   m.generation = plan_cache_.generation();
   m.plan = &p;
+  if (m.valid) teach_check_memo(c, p);
   return p;
+}
+
+// The check memo's call learns its kept plan (see Call::plan).
+void Communicator::teach_check_memo(const Call& c, const Plan& p) {
+  if (!c.memo_owner || !c.a.ptr || c.b.ptr) return;
+  check_memo_.call.plan = &p;
+  check_memo_.call.plan_generation = plan_cache_.generation();
 }
 
 Algo Communicator::resolve_algo(const Call& c) const { return resolve_algo(c.kind, c.model_bytes); }
@@ -88,7 +97,15 @@ Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
 
 void Communicator::run_call(Call& c) {
   size_t out_bytes;
-  const Plan& p = plan(c, &out_bytes);
+  // A call of the check memo's signature (an in-place op: one buffer, its
+  // form {kOut, 0} whenever it has an address) runs the plan it ran before.
+  const bool known = c.plan && c.a.ptr && c.plan_generation == plan_cache_.generation();
+  if (known) {
+    plan_cache_.count_hit();
+    c.tag.algo = c.plan->family;
+    out_bytes = c.a.nbytes();
+  }
+  const Plan& p = known ? *c.plan : plan(c, &out_bytes);
   const CallInfo info = info_of(c);
   const Clock::time_point deadline = deadline_from_now();
   if (is_rooted(c.kind) && config_.check_agreement) agree_on_call(c, deadline, info);

@@ -12,6 +12,7 @@ namespace ringcomm {
 void Communicator::set_pull(bool on) {
   pull_ok_ = on && config_.pull;
   memo_.valid = false;  // resolve_algo's answers depend on it
+  check_memo_.call.plan = nullptr;
   matcher_.set_pull(pull_ok_, algos_.forces_pull_everywhere ? 0 : config_.pull_min_bytes);
 }
 
@@ -22,7 +23,10 @@ std::string Communicator::create_segment(const std::vector<int>& members) {
   return shm_->create_inbox(members);
 }
 
-void Communicator::connect(const std::vector<std::string>& names) { shm_->connect(names); }
+void Communicator::connect(const std::vector<std::string>& names) {
+  shm_->connect(names);
+  executor_.forget_links();
+}
 
 void Communicator::set_ring_order(const std::vector<int>& order) {
   if (static_cast<int>(order.size()) != world_) {
@@ -67,6 +71,7 @@ void Communicator::rebuild_model(CostParams params) {
   lim.check_agreement = config_.check_agreement;
   model_ = CostModel(topo_, std::move(params), lim);
   memo_.valid = false;  // picks of the old model
+  check_memo_.call.plan = nullptr;
 }
 
 void Communicator::finish_init() {
@@ -109,6 +114,7 @@ void Communicator::connect_tcp(const std::vector<std::string>& hosts, const std:
   for (int p = 0; p < world_; ++p) {
     if (tcp_->reaches(p)) router_.route(p, tcp_.get());
   }
+  executor_.forget_links();
 }
 
 std::string Communicator::transport_of(int peer) const {

@@ -39,9 +39,18 @@ Executor::Executor(Transport* transport, int rank, int world, WaitPolicy policy)
       world_(world),
       policy_(policy),
       busy_(world),
-      pull_tmp_(kPullChunk + 2 * 4096) {
+      pull_tmp_(kPullChunk + 2 * 4096),
+      peer_links_(static_cast<size_t>(world)) {
   progress_.reserve(1024);  // as the communicator's schedule: no allocation per call
 }  // room to place the chunk at any page offset
+
+const Executor::PeerLink& Executor::look_up_link(int p) {
+  PeerLink& l = peer_links_[static_cast<size_t>(p)];
+  Link* link = transport_->link(p);  // throws for a peer this rank has no link to
+  l.slot_bytes = link->slot_bytes();
+  l.link = link;
+  return l;
+}
 
 // Single copy from a peer's buffer; a reducing pull goes through a small
 // buffer that stays in cache, placed at the destination's page offset (copies
@@ -127,9 +136,9 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     p.complete = true;
     return true;
   }
-  Link* in = s.recv_peer >= 0 ? transport_->link(s.recv_peer) : nullptr;
-  Link* out = s.send_peer >= 0 ? transport_->link(s.send_peer) : nullptr;
-  const size_t slot = (in ? in : out)->slot_bytes();
+  Link* in = s.recv_peer >= 0 ? peer_link(s.recv_peer).link : nullptr;
+  Link* out = s.send_peer >= 0 ? peer_link(s.send_peer).link : nullptr;
+  const size_t slot = peer_link(in ? s.recv_peer : s.send_peer).slot_bytes;
   while (!p.complete) {
     const size_t n = std::min(slot, s.nbytes - p.done);
     const char* payload = nullptr;
@@ -286,8 +295,9 @@ bool Executor::run_flat(const Schedule& steps, const FlatShape& shape, const Red
   // segment hands the plan to the general passes before anything moves.
   for (size_t i = 0; i < transfers; ++i) {
     const Step& s = steps[i];
-    links_[i] = transport_->link(s.kind == StepKind::kSend ? s.send_peer : s.recv_peer);
-    if (s.nbytes > links_[i]->slot_bytes()) return false;
+    const PeerLink& l = peer_link(s.kind == StepKind::kSend ? s.send_peer : s.recv_peer);
+    links_[i] = l.link;
+    if (s.nbytes > l.slot_bytes) return false;
   }
   uint64_t pending = transfers == 64 ? ~uint64_t{0} : (uint64_t{1} << transfers) - 1;  // bit i: transfer i
   drive(
@@ -483,19 +493,15 @@ void Executor::throw_timeout(const CallInfo& info, const std::string& what) cons
                      (peers.empty() ? " (did every rank call it?)" : ": " + peers));
 }
 
-void Executor::run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
-                   const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill,
-                   const FlatShape* flat) {
+void Executor::run_general(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag,
+                           const Reducer* reducer, const Clock::time_point& deadline, const CallInfo& info,
+                           const std::function<bool()>* refill, const FlatShape* flat) {
   bufs_ = &bufs;
   tag_ = &tag;
   first_ = 0;
-  if (!refill) {
-    if (flat) {
-      if (flat->transfers >= 0 && run_flat(steps, *flat, reducer, deadline, info)) return;
-    } else {
-      const FlatShape here = flat_shape(steps);
-      if (here.transfers >= 0 && run_flat(steps, here, reducer, deadline, info)) return;
-    }
+  if (!refill && !flat) {
+    const FlatShape here = flat_shape(steps);
+    if (here.transfers >= 0 && run_flat(steps, here, reducer, deadline, info)) return;
   }
   progress_.resize(steps.size());  // within the reserved capacity: no allocation
   for (StepProgress& p : progress_) p = StepProgress{};

@@ -71,6 +71,12 @@ class Executor {
   // received is copied out around the caches (ringcomm/copy.h); each step of
   // at least kStreamingCopyMinBytes is anyway.
   void set_streaming(bool on) { streaming_ = on; }
+  // The links of the transport are looked up once per peer (they live as
+  // long as the transport does); after a set-up step that adds links, the
+  // communicator makes the executor forget what it looked up.
+  void forget_links() {
+    for (PeerLink& l : peer_links_) l = PeerLink{};
+  }
   // Called when a collective's receive finds a point-to-point message at the
   // head of peer p's FIFO (comm/p2p_match.cpp): it must take what has
   // arrived of it out of the way; returns whether anything moved.
@@ -102,7 +108,16 @@ class Executor {
   // kept plan's shape is worked out once), null to have run() do it.
   void run(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
            const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill = nullptr,
-           const FlatShape* flat = nullptr);
+           const FlatShape* flat = nullptr) {
+    // A kept plan of run_flat's shape goes straight there (the latency path).
+    if (!refill && flat && flat->transfers >= 0) {
+      bufs_ = &bufs;
+      tag_ = &tag;
+      first_ = 0;
+      if (run_flat(steps, *flat, reducer, deadline, info)) return;
+    }
+    run_general(steps, bufs, tag, reducer, deadline, info, refill, flat);
+  }
   // The shape of a plan as run_flat (below) runs it; transfers -1 for a
   // plan of any other shape.
   static FlatShape flat_shape(const Schedule& steps);
@@ -130,6 +145,21 @@ class Executor {
                     size_t expect_bytes) const;
 
  private:
+  // Peer p's link and its slot size (transport_->link(p), asked once).
+  struct PeerLink {
+    Link* link = nullptr;
+    size_t slot_bytes = 0;
+  };
+  const PeerLink& peer_link(int p) {
+    const PeerLink& l = peer_links_[static_cast<size_t>(p)];
+    return l.link ? l : look_up_link(p);
+  }
+  const PeerLink& look_up_link(int p);
+  // run() of any plan: run_flat when the shape is worked out here and fits,
+  // the general passes otherwise.
+  void run_general(const Schedule& steps, const PlanBuffers& bufs, const MsgTag& tag, const Reducer* reducer,
+                   const Clock::time_point& deadline, const CallInfo& info, const std::function<bool()>* refill,
+                   const FlatShape* flat);
   bool pass(const Schedule& steps, const Reducer* reducer, size_t window);
   // Plans of the latency path's shape (the one-shot all_reduce of a small
   // message, a barrier round, ...): a few plain sends and receives of one
@@ -165,6 +195,7 @@ class Executor {
   std::vector<StepProgress> progress_;  // one per step of the running schedule (reused)
   std::array<const char*, FlatShape::kMaxSteps> held_{};  // run_flat: the held receives' payloads
   std::array<Link*, FlatShape::kMaxSteps> links_{};       // run_flat: each transfer's link
+  std::vector<PeerLink> peer_links_;                       // per peer (peer_link)
   FifoMarks busy_;
   std::vector<char> pull_tmp_;
   const CallInfo* info_ = nullptr;
