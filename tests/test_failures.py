@@ -102,6 +102,45 @@ def test_rank_skipping_a_collective_times_out(world_size, via):
     harness.assert_no_failures([out["fails"] for out in res])
 
 
+def _late_rank_sees_the_timeout(comm, skipper):
+    """Rank `skipper` skips an all_reduce; rank 1 enters it a second after rank 0, so
+    rank 0's deadline passes first and its abort reaches rank 1 before rank 1's own
+    deadline: rank 1 must raise ringcomm.TimeoutError too (naming rank 0's timeout),
+    not a plain RingcommError."""
+    import ringcomm
+
+    ctx = harness.context()
+    r, ws = comm.rank, comm.world_size
+    fails = []
+    comm.all_reduce(np.ones(4, np.float32))
+    if r == skipper:
+        ctx.store.wait([f"late_timeout/{q}" for q in range(ws) if q != skipper], timedelta(seconds=120))
+        return fails
+    if r == 1:
+        time.sleep(1.0)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(1000, np.float32))
+        fails.append("all_reduce returned although the last rank never called it")
+    except ringcomm.TimeoutError as e:
+        msg = str(e)
+        if r == 1 and time.monotonic() - t0 > TIMEOUT - 0.3:
+            fails.append(f"rank 1 waited {time.monotonic() - t0:.2f}s: rank 0's abort notice should end it first")
+        if not _names_op(msg, "all_reduce") or not _number(msg, r) or "seq" not in msg:
+            fails.append(f"TimeoutError does not name the op, this rank and the seq: {msg!r}")
+        if r == 1 and ("rank 0" not in msg or "Timed out" not in msg):
+            fails.append(f"rank 1's TimeoutError does not name rank 0's timeout: {msg!r}")
+    except Exception as e:  # noqa: BLE001
+        fails.append(f"all_reduce raised {type(e).__name__} ({first_line(e)}), expected ringcomm.TimeoutError")
+    ctx.store.set(f"late_timeout/{r}", "1")
+    return fails
+
+
+def test_a_rank_told_of_a_peers_timeout_raises_timeout_error():
+    res = harness.run_ranks(_late_rank_sees_the_timeout, 3, (2,), hard_timeout=90, comm_timeout=TIMEOUT)
+    harness.assert_no_failures(res)
+
+
 def _never_joins(comm):
     """Round A: the last rank never calls init; round B: rank 0 (which still hosts the
     TCPStore) never calls init. The others must get ringcomm.TimeoutError in time."""

@@ -388,9 +388,13 @@ std::string call_text(const CallInfo& info) {
   return call_name(info) + " (seq " + std::to_string(info.seq) + ") on rank " + std::to_string(info.rank);
 }
 
-// A peer that failed with a mismatch makes this rank's error a mismatch too.
+// A peer that failed with a mismatch makes this rank's error a mismatch too,
+// and one that timed out in it (a rank skipped the call) a timeout: every
+// rank left waiting by the skipper raises the same type, whether its own
+// deadline or a faster peer's abort notice ends its wait first.
 [[noreturn]] void throw_classified(const std::string& message) {
   if (message.find("mismatched calls") != std::string::npos) throw MismatchError(message);
+  if (message.find(": Timed out after ") != std::string::npos) throw TimeoutError(message);
   throw Error(message);
 }
 
