@@ -66,8 +66,10 @@ class ShmLink : public Link {
   char* send_slot(uint32_t page_offset) override {
     uint64_t tail = out_->tail.load(std::memory_order_relaxed);
     if (tail - out_->head.load(std::memory_order_acquire) >= nslots_) {
-      owner_->check_gone(peer_);  // a full FIFO to a peer that is gone never drains
-      return nullptr;
+      // A full FIFO to a peer that is gone never drains.
+      auto full = [&] { return tail - out_->head.load(std::memory_order_acquire) >= nslots_; };
+      owner_->check_gone(peer_, full);
+      if (full()) return nullptr;
     }
     send_pending_ = peer_inbox_->slot(rank_, tail);
     send_offset_ = page_offset % kPage;
@@ -85,8 +87,12 @@ class ShmLink : public Link {
   const MsgHeader* recv_peek(const char** payload) override {
     uint64_t head = in_->head.load(std::memory_order_relaxed);
     if (in_->tail.load(std::memory_order_acquire) == head) {
-      owner_->check_gone(peer_);  // nothing left from a peer that is gone: nothing will come
-      return nullptr;
+      // Nothing left from a peer that is gone: nothing will come. (What it
+      // sent before it closed is read: its last send may land between the
+      // look above and the sight of its departure.)
+      auto empty = [&] { return in_->tail.load(std::memory_order_acquire) == head; };
+      owner_->check_gone(peer_, empty);
+      if (empty()) return nullptr;
     }
     const char* slot = inbox_->slot(peer_, head);
     // The header is copied out of shared memory before it is checked: what
@@ -237,6 +243,10 @@ void ShmTransport::check_gone(int peer) {
                         std::to_string(rank_) + " still needed it");
   }
   if (!gone_[peer].empty()) throw PeerLostError(gone_[peer]);
+}
+
+bool ShmTransport::peer_aborted(int peer) const {
+  return peers_[peer].control()->aborted.load(std::memory_order_acquire);
 }
 
 bool ShmTransport::any_peer_aborted() {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ringcomm/types.h"
 #include "transport/shm/segment.h"
 #include "transport/transport.h"
 
@@ -63,6 +64,20 @@ class ShmTransport : public Transport {
   // its communicator, or aborted. Checked by the links when they would wait.
   const std::string& gone_reason(int peer) const { return gone_[peer]; }
   void check_gone(int peer);
+  // check_gone for a link that found nothing to do (an empty FIFO from the
+  // peer, a full one to it): throws if the peer aborted; if it closed its
+  // communicator or died, only when `unchanged()` still holds once that was
+  // seen, for what it did before it went (the data it sent, the slots it
+  // drained) is still there to be used.
+  template <class Unchanged>
+  void check_gone(int peer, Unchanged&& unchanged) {
+    try {
+      check_gone(peer);
+    } catch (const PeerLostError&) {
+      if (peer_aborted(peer) || unchanged()) throw;
+    }
+  }
+  bool peer_aborted(int peer) const;
 
  private:
   int rank_;
