@@ -11,10 +11,12 @@ Launches on these 2-core machines are bimodal (a launch whose ranks share a
 core for a while is 10x slower at small sizes, for either build), so each
 metric also gets the first quartile over launches (the fast mode's level,
 which a few slow launches do not move) with its ratio, and the number of
-slow launches (3x the fastest launch of either build, or worse) per build.
+slow launches (3x the fastest launch of either build, or worse) per build,
+and the ratio of the two builds' medians over their launches outside that slow
+mode (the fast-mode ratio).
 
     python benchmarks/ab_builds.py --before /path/to/old/python --after .venv/bin/python \\
-        --launches 6 --out benchmarks/results/ab_builds.txt
+        --launches 6 --out benchmarks/results/ab_builds.txt [--runs small,p2p,large]
 
 Metrics: all_reduce 4 B and 1 KiB, broadcast 8 B, send/recv 8 B (time per
 call, nccl-tests' batched timing), all_reduce 64 MiB busbw and the same run's
@@ -28,11 +30,11 @@ import subprocess
 import sys
 import tempfile
 
-# (name, bench arguments, op, size, what is read)
+# (key for --runs, name, bench arguments)
 RUNS = [
-    ("small all_reduce", ["--ops", "all_reduce", "-b", "4", "-e", "1K", "-f", "256", "--no-memcpy"]),
-    ("broadcast, send/recv", ["--ops", "broadcast,sendrecv", "-b", "8", "-e", "8", "--no-memcpy"]),
-    ("large all_reduce", ["--ops", "all_reduce", "-b", "64M", "-e", "64M"]),
+    ("small", "small all_reduce", ["--ops", "all_reduce", "-b", "4", "-e", "1K", "-f", "256", "--no-memcpy"]),
+    ("p2p", "broadcast, send/recv", ["--ops", "broadcast,sendrecv", "-b", "8", "-e", "8", "--no-memcpy"]),
+    ("large", "large all_reduce", ["--ops", "all_reduce", "-b", "64M", "-e", "64M"]),
 ]
 METRICS = [
     ("all_reduce 4 B (us)", "all_reduce", 4, "time_us"),
@@ -84,14 +86,23 @@ def main(argv=None):
     p.add_argument("--after", required=True, help="python of the build after")
     p.add_argument("--launches", type=int, default=6, help="launches of each build (default 6)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one launch may take")
+    p.add_argument("--runs", default="small,p2p,large",
+                   help="which runs: small (all_reduce 4 B..1 KiB), p2p (broadcast, send/recv), large "
+                        "(all_reduce 64 MiB and memcpy); default all")
     p.add_argument("--out", help="also write the report here")
+    p.add_argument("--raw", help="write every launch's figures here (JSON)")
     a = p.parse_args(argv)
     builds = {"before": a.before, "after": a.after}
     got = {b: {m[0]: [] for m in METRICS} for b in builds}
     cpu = None
+    wanted = set(a.runs.split(","))
+    unknown = wanted - {key for key, _, _ in RUNS}
+    if unknown:
+        p.error(f"--runs: unknown {sorted(unknown)}")
+    runs = [(name, args) for key, name, args in RUNS if key in wanted]
     for i in range(a.launches):
         order = ("before", "after") if i % 2 == 0 else ("after", "before")
-        for _, args in RUNS:
+        for _, args in runs:
             for b in order:
                 doc = launch(builds[b], args, a.timeout)
                 cpu = cpu or doc["machine"].get("cpu_model")
@@ -104,7 +115,7 @@ def main(argv=None):
              f"CPU: {cpu}, {os.cpu_count()} cores",
              f"# before: {a.before}", f"# after:  {a.after}",
              f"{'metric':34} {'before median (min..max)':>28} {'after median (min..max)':>28} {'after/before':>13}"
-             f" {'q1 before':>10} {'q1 after':>9} {'q1 ratio':>9} {'slow b/a':>9}"]
+             f" {'q1 before':>10} {'q1 after':>9} {'q1 ratio':>9} {'slow b/a':>9} {'fast-mode ratio':>16}"]
     for name, *_ in METRICS:
         xb, xa = got["before"][name], got["after"][name]
         if not xb or not xa:
@@ -116,8 +127,15 @@ def main(argv=None):
         qb, qa = (quartile(x, 0.25 if time_like else 0.75) for x in (xb, xa))
         best = min(xb + xa) if time_like else max(xb + xa)
         slow = [sum(1 for v in x if (v > 3 * best if time_like else v < best / 3)) for x in (xb, xa)]
+        # The median of each build's launches outside the slow mode.
+        fast = [[v for v in x if not (v > 3 * best if time_like else v < best / 3)] for x in (xb, xa)]
+        fr = statistics.median(fast[1]) / statistics.median(fast[0]) if all(fast) else float("nan")
         lines.append(f"{name:34} {mb:>10.3f} ({min(xb):.3f}..{max(xb):.3f}) {ma:>10.3f} ({min(xa):.3f}..{max(xa):.3f})"
-                     f" {ma / mb:>12.3f} {qb:>10.3f} {qa:>9.3f} {qa / qb:>9.3f} {slow[0]:>4}/{slow[1]:<4}")
+                     f" {ma / mb:>12.3f} {qb:>10.3f} {qa:>9.3f} {qa / qb:>9.3f} {slow[0]:>4}/{slow[1]:<4}"
+                     f" {fr:>16.3f}")
+    if a.raw:
+        with open(a.raw, "w") as f:
+            json.dump({"cpu": cpu, "launches": got}, f, indent=1)
     text = "\n".join(lines)
     print(text)
     if a.out:
