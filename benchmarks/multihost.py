@@ -161,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="before the runs of each configuration, one launch of ringcomm-bench --calibrate on "
            "the same hosts writes OUT_<config>_model.json (links and the families' fit), and the "
            "runs use it (RINGCOMM_COST_MODEL): auto then picks with what was measured there")
+    a("--calibrate-runs", type=int, default=3, metavar="N",
+      help="--calibrate: ringcomm-bench --calibrate-runs (the link parameters' median over N runs; "
+           "default %(default)s)")
+    a("--calibrate-passes", type=int, default=3, metavar="N",
+      help="--calibrate: ringcomm-bench --calibrate-passes (passes of the families' fit; default %(default)s)")
     a("--repeat", type=int, default=1, help="runs of each configuration (default 1)")
     a("--out", default="multihost", help="writes OUT.txt and OUT.json (default %(default)s)")
     a("--launch-timeout", type=float, default=900.0,
@@ -474,7 +479,8 @@ def calibrate_once(args, cfg: Config, hosts: List[netns.Host], port: int, workdi
     its failures (none: the file is there)."""
     path = model_path(args, cfg)
     bench = ["--backends", "ringcomm", "--timeout", f"{args.call_timeout:g}", "--progress", "off",
-             "--calibrate", path, "--calibrate-runs", "3"]
+             "--calibrate", path, "--calibrate-runs", str(args.calibrate_runs),
+             "--calibrate-passes", str(args.calibrate_passes)]
     t0 = time.monotonic()
     codes, logs = launch(cfg, hosts, port, bench, workdir, args.launch_timeout, args.pin)
     fails = [exit_failure(i, c, args.launch_timeout) for i, c in enumerate(codes) if c != 0]

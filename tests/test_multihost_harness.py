@@ -191,6 +191,7 @@ def test_two_hosts_one_and_two_ranks_interleaved(tmp_path):
     out = tmp_path / "mh"
     args = ["--hosts", "2", "--ranks-per-host", "1,2", "--placement", "interleaved",
             "--algos", "ring auto", "-b", "8", "-e", "1K", "-f", "128", "--rate", "10gbit", "--calibrate",
+            "--calibrate-runs", "1", "--calibrate-passes", "1",  # one of each: the file, not its precision
             "--out", str(out), "--launch-timeout", "90", "--call-timeout", "60", *TINY_BENCH]
     proc, stdout, stderr = _run(args, tmp_path)
     assert proc.returncode == 0, stdout[-4000:] + stderr[-8000:]
