@@ -41,7 +41,9 @@ def test_torch_suite_subset_on_ringcomm(world_size, tmp_path):
     listing.write_text("\n".join(names) + "\n")
     results = tmp_path / "results.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
-    env.update(TEMP_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    # faulthandler: a rank that crashes (SIGABRT, SIGSEGV) prints every thread's Python
+    # stack into the suite's stderr, which a failure below quotes.
+    env.update(TEMP_DIR=str(tmp_path), PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     cmd = [sys.executable, str(HERE / "torch_dist_suite.py"), "--mode", "gloo-standin",
            "--world-size", str(world_size), "--list", str(listing), "--results", str(results),
            "--timeout", "120"]
@@ -55,4 +57,11 @@ def test_torch_suite_subset_on_ringcomm(world_size, tmp_path):
     missing = sorted(set(names) - set(got))
     bad = {n: r for n, r in got.items() if r["outcome"] != "passed"}
     report = "\n".join(f"{n}: {r['outcome']}: {r['detail'][-1500:]}" for n, r in sorted(bad.items()))
+    if missing or bad:
+        # What a crashed rank said (std::terminate's what(), faulthandler's stacks, ...).
+        marks = ("terminate called", "what():", "Fatal Python error", "Aborted", "Segmentation fault",
+                 "Current thread", "Thread 0x", "File \"")
+        said = [line for line in proc.stderr.splitlines() if any(m in line for m in marks)]
+        report += "\n--- crash lines of the suite's stderr:\n" + "\n".join(said[-80:])
+        report += "\n--- end of its stderr:\n" + proc.stderr[-4000:]
     assert not missing and not bad, f"missing {missing}\n{report}"
