@@ -187,7 +187,7 @@ class Communicator {
     bool is_send = false;
     // The check memo's calls (checked): the plan their signature ran last
     // time, kept by plan_cache_ while its generation is `plan_generation`,
-    // so that plan() hands it back without its own lookup. `memo_owner`: a
+    // so that run_call() runs it without asking plan(). `memo_owner`: a
     // call the memo's thread runs inline (submit), which plan() may
     // teach the memo its plan; a queued call (another thread runs it) may not.
     const Plan* plan = nullptr;

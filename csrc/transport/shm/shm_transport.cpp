@@ -68,8 +68,7 @@ class ShmLink : public Link {
     if (tail - out_->head.load(std::memory_order_acquire) >= nslots_) {
       // A full FIFO to a peer that is gone never drains.
       auto full = [&] { return tail - out_->head.load(std::memory_order_acquire) >= nslots_; };
-      owner_->check_gone(peer_, full);
-      if (full()) return nullptr;
+      if (!owner_->check_gone(peer_, full)) return nullptr;
     }
     send_pending_ = peer_inbox_->slot(rank_, tail);
     send_offset_ = page_offset % kPage;
@@ -91,8 +90,7 @@ class ShmLink : public Link {
       // sent before it closed is read: its last send may land between the
       // look above and the sight of its departure.)
       auto empty = [&] { return in_->tail.load(std::memory_order_acquire) == head; };
-      owner_->check_gone(peer_, empty);
-      if (empty()) return nullptr;
+      if (!owner_->check_gone(peer_, empty)) return nullptr;
     }
     const char* slot = inbox_->slot(peer_, head);
     // The header is copied out of shared memory before it is checked: what

@@ -68,14 +68,17 @@ class ShmTransport : public Transport {
   // peer, a full one to it): throws if the peer aborted; if it closed its
   // communicator or died, only when `unchanged()` still holds once that was
   // seen, for what it did before it went (the data it sent, the slots it
-  // drained) is still there to be used.
+  // drained) is still there to be used. Returns whether the link should look
+  // again (the peer went, but not before changing the FIFO).
   template <class Unchanged>
-  void check_gone(int peer, Unchanged&& unchanged) {
+  bool check_gone(int peer, Unchanged&& unchanged) {
     try {
       check_gone(peer);
     } catch (const PeerLostError&) {
       if (peer_aborted(peer) || unchanged()) throw;
+      return true;
     }
+    return false;
   }
   bool peer_aborted(int peer) const;
 
