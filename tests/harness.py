@@ -139,6 +139,11 @@ def _rank_main(rank: int, world_size: int, port: int, fn: Callable, args: tuple,
     global _CONTEXT
     _die_with_parent()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Ranks take Ctrl-C as a terminal's Python does, also when the suite was
+    # started in the background by a script or nohup (which leave SIGINT
+    # ignored, and Python then installs no handler): the tests that send
+    # SIGINT check ringcomm's interrupt path, not how pytest was launched.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for key in [k for k in os.environ if k.startswith("RINGCOMM_")]:
         del os.environ[key]
     os.environ.update(env)
