@@ -127,6 +127,34 @@ def _blocked_call_interrupted(ctx, how, size, fails, msgs):
     _sync(ctx, f"{how}{size}")
 
 
+def _abort_reason_in_utf8(ctx, fails, msgs):
+    """An abort reason longer than the segment's / ABORT frame's room, in
+    multi-byte characters: the peers' errors carry its whole characters (never
+    a UnicodeDecodeError from a cut one)."""
+    import ringcomm
+
+    comm = _new_comm(ctx)
+    r = ctx.rank
+    why = "x" + "\u20ac" * 400
+    if r == 0:
+        comm.abort(why)
+        ctx.store.set("utf8/done", "1")
+    else:
+        ctx.store.wait(["utf8/done"], timedelta(seconds=60))
+        try:
+            comm.all_reduce(np.ones(16, np.float32))
+            fails.append(f"utf8: rank {r}'s call succeeded after rank 0 aborted")
+        except ringcomm.RingcommError as e:
+            text = str(e)
+            if "x" + "\u20ac" * 100 not in text or "rank 0" not in text:
+                fails.append(f"utf8: rank {r}'s error lost the reason: {first_line(e)[:200]}")
+            msgs.append(f"utf8: rank {r}: {len(text)} characters, {text.count(chr(0x20ac))} of them \u20ac")
+        except Exception as e:  # UnicodeDecodeError before the fix
+            fails.append(f"utf8: rank {r} raised {type(e).__name__}: {e}")
+    comm.close()
+    _sync(ctx, "utf8")
+
+
 def _ctrl_c_in_close(ctx, fails, msgs):
     """close() drains an async op that no peer joins; Ctrl-C meanwhile aborts it:
     KeyboardInterrupt within PROMPT, the communicator closed, peers fail fast."""
@@ -388,6 +416,7 @@ def _faults(comm, transport):
     for how in ("abort", "close", "sigint", "sigint_wait"):
         for size in sizes:
             _blocked_call_interrupted(ctx, how, size, fails, msgs)
+    _abort_reason_in_utf8(ctx, fails, msgs)
     _ctrl_c_in_close(ctx, fails, msgs)
     _close_from_a_signal_handler(ctx, fails, msgs)
     for op in ("broadcast", "reduce", "scatter", "gather"):

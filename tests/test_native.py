@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-GROUPS = ("blocks", "plan_call", "flat_shape", "wire", "shm_header", "shm_departure")
+GROUPS = ("blocks", "plan_call", "flat_shape", "wire", "shm_header", "shm_departure", "text")
 EXE = "ringcomm_native_tests"
 
 

@@ -5,6 +5,7 @@
 
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
+#include "ringcomm/text.h"
 #include "ringcomm/types.h"
 
 namespace py = pybind11;
@@ -33,20 +34,20 @@ void bind_errors(py::module_& m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const TimeoutError& e) {
-      py::set_error(timeout, e.what());
+      py::set_error(timeout, readable_text(e.what(), false).c_str());
     } catch (const MismatchError& e) {
-      py::set_error(mismatch, e.what());
+      py::set_error(mismatch, readable_text(e.what(), false).c_str());
     } catch (const Interrupted& e) {
       // The KeyboardInterrupt raised by the signal handler is pending: keep it.
-      if (!PyErr_Occurred()) py::set_error(base, e.what());
+      if (!PyErr_Occurred()) py::set_error(base, readable_text(e.what(), false).c_str());
     } catch (const Error& e) {
-      py::set_error(base, e.what());
+      py::set_error(base, readable_text(e.what(), false).c_str());
     } catch (const DeviceBufferError& e) {
-      py::set_error(device, e.what());
+      py::set_error(device, readable_text(e.what(), false).c_str());
     } catch (const TypeError& e) {
-      py::set_error(PyExc_TypeError, e.what());
+      py::set_error(PyExc_TypeError, readable_text(e.what(), false).c_str());
     } catch (const ValueError& e) {
-      py::set_error(PyExc_ValueError, e.what());
+      py::set_error(PyExc_ValueError, readable_text(e.what(), false).c_str());
     }
   });
 }
@@ -57,21 +58,21 @@ PyObject* raise_current_exception() {
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const TimeoutError& e) {
-    PyErr_SetString(timeout_error, e.what());
+    PyErr_SetString(timeout_error, readable_text(e.what(), false).c_str());
   } catch (const MismatchError& e) {
-    PyErr_SetString(mismatch_error, e.what());
+    PyErr_SetString(mismatch_error, readable_text(e.what(), false).c_str());
   } catch (const Interrupted& e) {
-    if (!PyErr_Occurred()) PyErr_SetString(base_error, e.what());
+    if (!PyErr_Occurred()) PyErr_SetString(base_error, readable_text(e.what(), false).c_str());
   } catch (const Error& e) {
-    PyErr_SetString(base_error, e.what());
+    PyErr_SetString(base_error, readable_text(e.what(), false).c_str());
   } catch (const DeviceBufferError& e) {
-    PyErr_SetString(device_buffer_error, e.what());
+    PyErr_SetString(device_buffer_error, readable_text(e.what(), false).c_str());
   } catch (const TypeError& e) {
-    PyErr_SetString(PyExc_TypeError, e.what());
+    PyErr_SetString(PyExc_TypeError, readable_text(e.what(), false).c_str());
   } catch (const ValueError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
+    PyErr_SetString(PyExc_ValueError, readable_text(e.what(), false).c_str());
   } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    PyErr_SetString(PyExc_RuntimeError, readable_text(e.what(), false).c_str());
   } catch (...) {
     PyErr_SetString(PyExc_RuntimeError, "ringcomm: unknown C++ exception");
   }

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "ringcomm/text.h"
 #include "ringcomm/types.h"
 
 namespace ringcomm {
@@ -234,7 +235,7 @@ void ShmTransport::check_gone(int peer) {
   // orderly, a death is all that is left to say.
   if (pc->aborted.load(std::memory_order_acquire)) {
     throw PeerLostError("rank " + std::to_string(peer) + " aborted: " +
-                        std::string(pc->abort_reason, strnlen(pc->abort_reason, sizeof(pc->abort_reason))));
+                        readable_text(std::string(pc->abort_reason, strnlen(pc->abort_reason, sizeof(pc->abort_reason)))));
   }
   if (pc->departed.load(std::memory_order_acquire)) {
     throw PeerLostError("rank " + std::to_string(peer) + " closed its communicator (finalize / close) while rank " +
@@ -320,7 +321,7 @@ void ShmTransport::announce_abort(const std::string& why) {
   if (!inbox_.mapped()) return;
   SegmentControl* ctl = inbox_.control();
   if (ctl->aborted.load()) return;
-  size_t n = std::min(why.size(), sizeof(ctl->abort_reason) - 1);
+  const size_t n = utf8_cut(why, sizeof(ctl->abort_reason) - 1);
   std::memcpy(ctl->abort_reason, why.data(), n);
   ctl->abort_reason[n] = 0;
   ctl->aborted.store(1, std::memory_order_release);
@@ -353,14 +354,14 @@ std::string ShmTransport::local_abort_reason() {
   if (!inbox_.mapped()) return {};
   SegmentControl* ctl = inbox_.control();
   if (!ctl->aborted.load(std::memory_order_acquire)) return {};
-  return std::string(ctl->abort_reason, strnlen(ctl->abort_reason, sizeof(ctl->abort_reason)));
+  return readable_text(std::string(ctl->abort_reason, strnlen(ctl->abort_reason, sizeof(ctl->abort_reason))));
 }
 
 std::string ShmTransport::peer_abort_reason(int peer) {
   if (peer == rank_ || peers_.size() != static_cast<size_t>(world_) || !peers_[peer].mapped()) return {};
   SegmentControl* pc = peers_[peer].control();
   if (!pc->aborted.load(std::memory_order_acquire)) return {};
-  return std::string(pc->abort_reason, strnlen(pc->abort_reason, sizeof(pc->abort_reason)));
+  return readable_text(std::string(pc->abort_reason, strnlen(pc->abort_reason, sizeof(pc->abort_reason))));
 }
 
 void ShmTransport::record_call(const CallRecordView& call) {

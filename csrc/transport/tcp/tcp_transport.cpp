@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "ringcomm/interrupt.h"
+#include "ringcomm/text.h"
 #include "ringcomm/types.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/wire.h"
@@ -40,15 +41,6 @@ constexpr auto kAbortGrace = std::chrono::seconds(1);
 // kernel already (they survive the process). Larger ones stream from the
 // I/O thread, in parallel with the executor filling the next slot.
 constexpr uint32_t kInlineBytes = 64 * 1024;
-
-// Printable text from bytes a peer sent.
-std::string printable(const std::string& s) {
-  std::string out = s;
-  for (char& c : out) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -761,7 +753,7 @@ bool TcpTransport::pump_in(TcpLink& l) {
       published = true;
       ++frames;
     } else if (l.rstate_ == TcpLink::kReason) {
-      fail_link(l, printable(l.rreason_.empty() ? "aborted" : l.rreason_));
+      fail_link(l, readable_text(l.rreason_.empty() ? "aborted" : l.rreason_));
     }
     l.rstate_ = TcpLink::kHeader;
   }

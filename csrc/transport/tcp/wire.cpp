@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ringcomm/text.h"
+
 namespace ringcomm {
 namespace tcp {
 namespace {
@@ -111,7 +113,7 @@ void read_status_report(const FrameHeader& f, CallRecordView* coll, CallRecordVi
 std::string control_frame(FrameType type, const std::string& reason) {
   FrameHeader f;
   f.type = type;
-  const size_t n = type == kAbort ? std::min<size_t>(reason.size(), kMaxReasonBytes) : 0;
+  const size_t n = type == kAbort ? utf8_cut(reason, kMaxReasonBytes) : 0;
   f.nbytes = static_cast<uint32_t>(n);
   std::string out(reinterpret_cast<const char*>(&f), sizeof f);
   out.append(reason, 0, n);
