@@ -6,6 +6,9 @@ import json
 import math
 import os
 import random
+import re
+import threading
+import time
 
 import pytest
 
@@ -101,6 +104,8 @@ def test_parameter_files(tmp_path):
         "wrong-format": json.dumps({"format": "other/1", "params": P}).encode(),
         "bad-value": json.dumps({"format": cost_model.FORMAT, "params": {**P, "gamma": 5.0}}).encode(),
         "huge": b" " * (cost_model.MAX_FILE_BYTES + 10),
+        "nested-arrays": b"[" * 30000 + b"]" * 30000,  # a RecursionError in json, not a ValueError
+        "nested-objects": b'{"a":' * 10000 + b"1" + b"}" * 10000,
     }
     rng = random.Random(7)
     for i in range(50):
@@ -114,6 +119,25 @@ def test_parameter_files(tmp_path):
             path.write_bytes(data)
         with pytest.raises(ValueError, match="cost model file"):
             cost_model.load(str(path))
+    # Not regular files: a directory, a FIFO nobody writes (open() would block
+    # forever), a character device.
+    os.mkfifo(tmp_path / "fifo")
+    for path, why in ((tmp_path, "cannot be read|not a regular file"), (tmp_path / "fifo", "not a regular file"),
+                      ("/dev/zero", "not a regular file")):
+        got = []
+
+        def load(path=path):
+            try:
+                cost_model.load(str(path))
+                got.append("loaded")
+            except ValueError as e:
+                got.append(str(e))
+
+        t = threading.Thread(target=load, daemon=True)
+        t.start()
+        t.join(10)
+        assert got, f"cost_model.load({path}) still blocked after 10 s"
+        assert re.search(why, got[0]), got[0]
 
 
 FIT = {"all_reduce:ring": [[16, 2.0], [4096, 0.5]]}
@@ -268,22 +292,35 @@ def test_file_and_forced_algorithm(tmp_path):
     _check_agreed(results)
 
 
-def _init_fails(comm, _):
+def _init_fails(comm, paths):
+    """init() with each of `paths` as RINGCOMM_COST_MODEL: (error text, seconds) each."""
     ctx = harness.context()
-    try:
-        ringcomm.init(rank=ctx.rank, world_size=ctx.world_size, store=ctx.store, timeout=20)
-    except ValueError as e:
-        return str(e)
-    return "init succeeded"
+    out = []
+    for path in paths:
+        os.environ["RINGCOMM_COST_MODEL"] = path
+        t0 = time.monotonic()
+        try:
+            ringcomm.init(rank=ctx.rank, world_size=ctx.world_size, store=ctx.store, timeout=20)
+            out.append(("init succeeded", time.monotonic() - t0))
+        except ValueError as e:
+            out.append((str(e), time.monotonic() - t0))
+    return out
 
 
 def test_bad_file_fails_init_on_every_rank(tmp_path):
-    path = tmp_path / "garbage.json"
-    path.write_bytes(b"\x00\xffnot json")
-    results = harness.run_ranks(_init_fails, 3, (None,), env={"RINGCOMM_COST_MODEL": str(path)}, init=False,
-                                hard_timeout=60)
-    for r, msg in enumerate(results):
-        assert "RINGCOMM_COST_MODEL on rank 0" in msg and "not UTF-8 JSON" in msg, (r, msg)
+    """Rank 0 cannot use its file: every rank's init raises at once, saying why."""
+    garbage = tmp_path / "garbage.json"
+    garbage.write_bytes(b"\x00\xffnot json")
+    nested = tmp_path / "nested.json"
+    nested.write_bytes(b"[" * 30000 + b"]" * 30000)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    cases = [(garbage, "not UTF-8 JSON"), (nested, "nested too deeply"), (fifo, "not a regular file")]
+    results = harness.run_ranks(_init_fails, 3, ([str(p) for p, _ in cases],), init=False, hard_timeout=90)
+    for r, got in enumerate(results):
+        for (path, why), (msg, took) in zip(cases, got):
+            assert "RINGCOMM_COST_MODEL on rank 0" in msg and why in msg, (r, path, msg)
+            assert took < 10, (r, path, took, msg)  # never the whole timeout
 
 
 def test_nics_divide_the_inter_host_streams():

@@ -18,6 +18,7 @@ alike.
 import json
 import math
 import os
+import stat
 
 from ringcomm import _C
 
@@ -107,16 +108,31 @@ def load(path):
     """The parameters in `path` (written by save / ringcomm-bench --calibrate)."""
     where = f"cost model file {path!r}"
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO (or a device) must not block the open; only a
+        # regular file is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ValueError(f"{where}: cannot be read ({e.strerror or e})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{where}: not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
             raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise ValueError(f"{where}: cannot be read ({e.strerror or e})") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(raw) > MAX_FILE_BYTES:
         raise ValueError(f"{where}: larger than {MAX_FILE_BYTES} bytes")
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"{where}: not UTF-8 JSON ({e})") from None
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise ValueError(f"{where}: not a ringcomm cost model (JSON nested too deeply)") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{where}: not a ringcomm cost model (no \"format\": \"{FORMAT}\")")
     params = check_params(data.get("params"), where)
