@@ -155,6 +155,44 @@ def _abort_reason_in_utf8(ctx, fails, msgs):
     _sync(ctx, "utf8")
 
 
+def _pull_form_over_tcp(ctx, fails, msgs):
+    """Rank 0 is made to send in pull form (an address for the receiver to
+    read) to rank 1, whose link to it is TCP: rank 1's recv must raise an
+    error naming rank 0 (it used to say only "this transport cannot read a
+    peer's memory directly"); rank 0 (which forced pull on a transport without
+    it) and rank 2 then fail too, none of them waiting out the timeout."""
+    import ringcomm
+
+    comm = _new_comm(ctx, timeout=30.0)
+    r = ctx.rank
+    x = np.ones(1 << 22, np.float32)  # 16 MiB: the default RINGCOMM_PULL_MIN_BYTES
+    t0 = time.monotonic()
+    try:
+        if r == 0:
+            comm._native.set_pull(True)
+            comm.send(x, 1)
+        elif r == 1:
+            comm.recv(x, 0)
+        else:
+            ctx.store.wait(["pull/done/1"], timedelta(seconds=60))
+            comm.barrier()
+        fails.append(f"pull: rank {r}'s call succeeded")
+    except ringcomm.RingcommError as e:
+        took = time.monotonic() - t0
+        text = str(e)
+        if r == 1 and ("pull form" not in text or "rank 0" not in text):
+            fails.append(f"pull: rank 1's error does not say what rank 0 sent: {first_line(e)}")
+        if r == 2 and "rank 0" not in text and "rank 1" not in text:
+            fails.append(f"pull: rank 2's error names neither rank 0 nor rank 1: {first_line(e)}")
+        if took > 10:
+            fails.append(f"pull: rank {r} needed {took:.1f} s to fail")
+        msgs.append(f"pull: rank {r} in {took:.2f} s: {first_line(e)[:160]}")
+    if r == 1:
+        ctx.store.set("pull/done/1", "1")
+    comm.close()
+    _sync(ctx, "pull")
+
+
 def _ctrl_c_in_close(ctx, fails, msgs):
     """close() drains an async op that no peer joins; Ctrl-C meanwhile aborts it:
     KeyboardInterrupt within PROMPT, the communicator closed, peers fail fast."""
@@ -417,6 +455,8 @@ def _faults(comm, transport):
         for size in sizes:
             _blocked_call_interrupted(ctx, how, size, fails, msgs)
     _abort_reason_in_utf8(ctx, fails, msgs)
+    if transport == "tcp":
+        _pull_form_over_tcp(ctx, fails, msgs)
     _ctrl_c_in_close(ctx, fails, msgs)
     _close_from_a_signal_handler(ctx, fails, msgs)
     for op in ("broadcast", "reduce", "scatter", "gather"):

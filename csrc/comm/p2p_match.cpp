@@ -310,6 +310,14 @@ bool P2pMatcher::pull_receive(int p, Peer& peer, bool hold_all) {
       if (is_pull && h->nbytes != sizeof(uint64_t)) {
         throw Error("ringcomm: rank " + num(rank_) + " got a malformed pull message from rank " + num(p));
       }
+      if (is_pull && !pull_) {
+        // The sender believes this rank can read its memory; this rank
+        // agreed otherwise (its link to the sender may be TCP).
+        throw Error("ringcomm: rank " + num(rank_) + " got a message in pull form (an address in rank " + num(p) +
+                    "'s memory) from rank " + num(p) + " (" + tag_text(t.p2p_tag) + "), but single-copy receives "
+                    "are off on this rank: it cannot read rank " + num(p) + "'s memory over its link to it. "
+                    "Ranks " + num(p) + " and " + num(rank_) + " disagree on whether sends may pull (set_pull)");
+      }
       P2pOp* op = match_posted(p, t.p2p_tag);
       if (op) {
         check_sizes(*op, p, t.dtype, t.count, t.p2p_tag);

@@ -8,8 +8,8 @@ void Link::read_remote(void*, uint64_t, size_t) {
   throw Error("ringcomm: this transport cannot read a peer's memory directly");
 }
 
-void Link::ack_pull(uint64_t) { throw Error("ringcomm: this transport has no pull acknowledgements"); }
+void Link::ack_pull(uint64_t) { throw Error("ringcomm: this transport has no pull acknowledgements (single-copy sends need a link that reads a peer's memory)"); }
 
-uint64_t Link::pulled() { throw Error("ringcomm: this transport has no pull acknowledgements"); }
+uint64_t Link::pulled() { throw Error("ringcomm: this transport has no pull acknowledgements (single-copy sends need a link that reads a peer's memory)"); }
 
 }  // namespace ringcomm
