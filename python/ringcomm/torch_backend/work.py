@@ -27,6 +27,24 @@ def _seconds(timeout):
     return t if t > 0 else None
 
 
+def _outcome(parent):
+    """The value of the future RingcommWork.get_future() hands out, or its error.
+
+    Raising in a then() callback is the one way Python has to mark a torch
+    future as failed in C++: torch's Future.set_exception completes it *with*
+    the exception object as its value, and DDP's reducer then read that object
+    as the all_reduce result and crashed (SIGSEGV). So C++ consumers (DDP,
+    FSDP2, functional collectives) see a future with an error; Python's
+    wait() raises a RuntimeError that quotes the ringcomm error. A plain
+    function (not a bound method): torch keeps the callback in C++, where a
+    reference back to the Work would be a cycle no garbage collector sees.
+    """
+    error, result = parent.value()
+    if error is not None:
+        raise error
+    return result
+
+
 class RingcommWork(dist._Work):
     """The Work a ringcomm process group returns.
 
@@ -44,7 +62,8 @@ class RingcommWork(dist._Work):
         self._lock = threading.Lock()
         self._settled = False
         self._error = None
-        self._future = None
+        self._future = None  # completed by _settle, parent of _public
+        self._public = None  # what get_future() returns
         self._delivered = False
         self._watched = False
         self._record = None  # a profiler record, ended by the Completer (see profile())
@@ -98,10 +117,9 @@ class RingcommWork(dist._Work):
             self._deliver(fut)
 
     def _deliver(self, fut):
-        if self._error is not None:
-            fut.set_exception(self._error)
-        else:
-            fut.set_result(self._result)
+        # `fut` is the parent of the future handed out (see get_future); its
+        # value is what _outcome turns into the child's value or error.
+        fut.set_result((self._error, self._result))
 
     def _poll(self, timeout_s):
         """Waits up to timeout_s for the first unfinished ringcomm Work."""
@@ -144,6 +162,7 @@ class RingcommWork(dist._Work):
         with self._lock:
             if self._future is None:
                 self._future = torch.futures.Future()
+                self._public = self._future.then(_outcome)
             fut = self._future
             deliver = self._settled and not self._delivered
             if deliver:
@@ -155,7 +174,7 @@ class RingcommWork(dist._Work):
             self._deliver(fut)
         elif watch:
             self._completer.watch(self)
-        return fut
+        return self._public
 
     def is_completed(self):
         if not self._settled and self._native_done():
