@@ -161,15 +161,66 @@ def store_from_env(rank, world_size, timeout_s):
             "or pass any object with set/get/wait/check as store="
         ) from None
     # torchrun's agent already serves the store at MASTER_PORT when it says so.
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    return TCPStore(
-        addr,
-        int(port),
-        world_size,
-        is_master=(rank == 0 and not agent_store),
-        timeout=timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-    )
+    agent_store = _agent_store()
+    master = rank == 0 and not agent_store
+    t0 = time.monotonic()
+    try:
+        return TCPStore(
+            addr,
+            int(port),
+            world_size,
+            is_master=master,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+    except Exception as e:  # noqa: BLE001 - torch's store errors (DistNetworkError, DistStoreError, ...)
+        where = f"{addr}:{port} (MASTER_ADDR:MASTER_PORT)"
+        if master:
+            raise RingcommError(f"ringcomm: rank 0 could not serve the store at {where}: {e}") from None
+        host = "torchrun's agent" if agent_store else "rank 0"
+        took = time.monotonic() - t0
+        err = TimeoutError if took >= 0.9 * timeout_s else RingcommError
+        raise err(
+            f"ringcomm: rank {rank} could not reach the store at {where} in {took:.3g} s; {host} serves it: "
+            f"did {host} start (and stay up), and do all ranks agree on MASTER_ADDR and MASTER_PORT? "
+            f"(the store said: {_first_line(e)})"
+        ) from None
+
+
+def _agent_store():
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def store_host(store):
+    """Who serves `store`, for the errors of a store that failed: the TCPStore
+    at MASTER_ADDR:MASTER_PORT is served by rank 0 (or by torchrun's agent);
+    '' for stores ringcomm knows nothing about."""
+    for _ in range(8):  # PrefixStores wrap the TCPStore
+        if store is None:
+            return ""
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+        if isinstance(host, str) and host and isinstance(port, int):
+            break
+        store = getattr(store, "underlying_store", None)
+    else:
+        return ""
+    where = f"{host}:{port}"
+    if host == os.environ.get("MASTER_ADDR") and str(port) == os.environ.get("MASTER_PORT"):
+        if _agent_store():
+            return f"the store at {where} is served by torchrun's agent: did the agent exit?"
+        return f"the store at {where} (MASTER_ADDR:MASTER_PORT) is served by rank 0: did rank 0 exit?"
+    return f"the store is a TCPStore at {where}: did the process serving it exit?"
+
+
+def store_failed(what, store, e):
+    """The RingcommError for a store call that raised `e`."""
+    host = store_host(store)
+    return RingcommError(f"ringcomm: {what}: the store failed: {_first_line(e)}" + (f"; {host}" if host else ""))
 
 
 # Store waits poll store.check (no blocking store.wait: torch's stores log a
@@ -192,7 +243,7 @@ def wait_keys(store, keys, timeout_s, what, rank, alive=None):
             if store.check(keys):
                 return
         except Exception as e:  # noqa: BLE001 - the store's own error types
-            raise RingcommError(f"ringcomm: {what}: the store failed: {e}") from e
+            raise store_failed(what, store, e) from e
         now = time.monotonic()
         if now >= deadline:
             missing = [k for k in keys if not _has(store, k)]
@@ -221,13 +272,14 @@ def exchange(store, prefix, rank, world_size, info, timeout_s, schema=None, aliv
     """Publishes this rank's info and returns every member's (all ranks by
     default), by rank: a list, or a dict when `members` is given. With a
     `schema` (validate.record) each record is checked like socket data."""
-    store.set(f"{prefix}/info/{rank}", json.dumps(info))
+    what = "waiting for the other ranks to join"
+    _store_call(what, store, store.set, f"{prefix}/info/{rank}", json.dumps(info))
     ranks = list(range(world_size)) if members is None else list(members)
     keys = [f"{prefix}/info/{r}" for r in ranks]
-    wait_keys(store, keys, timeout_s, "waiting for the other ranks to join", rank, alive)
+    wait_keys(store, keys, timeout_s, what, rank, alive)
     got = {}
     for r, k in zip(ranks, keys):
-        raw = store.get(k)
+        raw = _store_call(what, store, store.get, k)
         if schema is None:
             try:
                 got[r] = json.loads(_text(raw))
@@ -238,13 +290,22 @@ def exchange(store, prefix, rank, world_size, info, timeout_s, schema=None, aliv
     return [got[r] for r in ranks] if members is None else got
 
 
+def _store_call(what, store, fn, *args):
+    try:
+        return fn(*args)
+    except RingcommError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the store's own error types
+        raise store_failed(what, store, e) from e
+
+
 def _text(value):
     # torch's stores return bytes; a plain Python store may hand back the str it was given.
     return value if isinstance(value, str) else bytes(value).decode()
 
 
 def barrier(store, prefix, name, rank, world_size, timeout_s, members=None, alive=None):
-    store.set(f"{prefix}/{name}/{rank}", "1")
+    _store_call(f"waiting for the other ranks ({name})", store, store.set, f"{prefix}/{name}/{rank}", "1")
     ranks = range(world_size) if members is None else members
     keys = [f"{prefix}/{name}/{r}" for r in ranks]
     wait_keys(store, keys, timeout_s, f"waiting for the other ranks ({name})", rank, alive)
