@@ -116,7 +116,8 @@ def run_client(name, backend, *, steps=6, width=32, timeout=240.0, out=None):
         cmd = _command(launcher, os.path.join(EXAMPLES, script),
                        ["--backend", backend, "--variant", variant, "--steps", str(steps), "--width", str(width),
                         "--out", out])
-        env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
+        # PYTHONFAULTHANDLER: a rank that dies of a signal prints every thread's stack.
+        env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
         env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the examples rely on ringcomm's entry point
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, env=env)

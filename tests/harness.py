@@ -57,7 +57,15 @@ class RankError(HarnessError):
 
 
 class RankDied(HarnessError):
-    """A rank process exited without reporting a result (crash, os._exit, signal)."""
+    """A rank process exited without reporting a result (crash, os._exit, signal).
+    `died`: rank -> exit code; `results`: what the other ranks returned (tests
+    that kill ranks on purpose check the survivors')."""
+
+    def __init__(self, message: str, died: Optional[Dict[int, Any]] = None,
+                 results: Optional[Dict[int, Any]] = None):
+        super().__init__(message)
+        self.died = dict(died or {})
+        self.results = dict(results or {})
 
 
 class HardTimeout(HarnessError):
@@ -304,7 +312,7 @@ def run_ranks(fn: Callable, world_size: int, args: Sequence = (), *,
     if errors:
         raise RankError(f"{head}: ranks {sorted(errors)} raised. {killed}\n{detail}")
     if died:
-        raise RankDied(f"{head}: {killed}\n{detail}")
+        raise RankDied(f"{head}: {killed}\n{detail}", died, results)
     if unfinished:
         raise HardTimeout(f"{head}: {killed}", unfinished, results)
     return [results[r] for r in range(world_size)]

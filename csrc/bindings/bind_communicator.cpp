@@ -55,6 +55,7 @@ void bind_communicator(py::module_& m) {
       .def("error_message", &Work::error_message)
       .def("is_timeout", [](Work& w) { return w.error_kind() == Work::ErrorKind::kTimeout; })
       .def("is_mismatch", [](Work& w) { return w.error_kind() == Work::ErrorKind::kMismatch; })
+      .def("is_revoked", [](Work& w) { return w.error_kind() == Work::ErrorKind::kRevoked; })
       .def_property_readonly("what", &Work::what)
       .def_property_readonly("source", &Work::source);
 
@@ -95,6 +96,8 @@ void bind_communicator(py::module_& m) {
       .def("error", &C::error)
       .def("close", &C::close, py::call_guard<ReleaseGil>())
       .def("abort", &C::abort, py::call_guard<py::gil_scoped_release>())
+      .def("revoke", &C::revoke, py::call_guard<py::gil_scoped_release>())
+      .def("peer_gone", &C::peer_gone, py::call_guard<py::gil_scoped_release>())
       .def("reduce_scatter", [](C& c, py::handle out, py::handle in, int op, bool async) {
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;

@@ -16,6 +16,7 @@ namespace {
 PyObject* base_error = nullptr;
 PyObject* timeout_error = nullptr;
 PyObject* mismatch_error = nullptr;
+PyObject* revoked_error = nullptr;
 PyObject* device_buffer_error = nullptr;
 
 }  // namespace
@@ -25,10 +26,12 @@ void bind_errors(py::module_& m) {
   static py::exception<Error> base(m, "RingcommError", PyExc_RuntimeError);
   static py::exception<TimeoutError> timeout(m, "TimeoutError", base.ptr());
   static py::exception<MismatchError> mismatch(m, "CollectiveMismatchError", base.ptr());
+  static py::exception<RevokedError> revoked(m, "RevokedError", base.ptr());
   static py::exception<DeviceBufferError> device(m, "DeviceBufferError", PyExc_ValueError);
   base_error = base.ptr();
   timeout_error = timeout.ptr();
   mismatch_error = mismatch.ptr();
+  revoked_error = revoked.ptr();
   device_buffer_error = device.ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -37,6 +40,8 @@ void bind_errors(py::module_& m) {
       py::set_error(timeout, readable_text(e.what(), false).c_str());
     } catch (const MismatchError& e) {
       py::set_error(mismatch, readable_text(e.what(), false).c_str());
+    } catch (const RevokedError& e) {
+      py::set_error(revoked, readable_text(e.what(), false).c_str());
     } catch (const Interrupted& e) {
       // The KeyboardInterrupt raised by the signal handler is pending: keep it.
       if (!PyErr_Occurred()) py::set_error(base, readable_text(e.what(), false).c_str());
@@ -61,6 +66,8 @@ PyObject* raise_current_exception() {
     PyErr_SetString(timeout_error, readable_text(e.what(), false).c_str());
   } catch (const MismatchError& e) {
     PyErr_SetString(mismatch_error, readable_text(e.what(), false).c_str());
+  } catch (const RevokedError& e) {
+    PyErr_SetString(revoked_error, readable_text(e.what(), false).c_str());
   } catch (const Interrupted& e) {
     if (!PyErr_Occurred()) PyErr_SetString(base_error, readable_text(e.what(), false).c_str());
   } catch (const Error& e) {

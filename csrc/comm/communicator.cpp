@@ -12,6 +12,7 @@ Work::ErrorKind error_kind_of(const std::exception& e) {
   if (dynamic_cast<const TimeoutError*>(&e)) return Work::ErrorKind::kTimeout;
   if (dynamic_cast<const MismatchError*>(&e)) return Work::ErrorKind::kMismatch;
   if (dynamic_cast<const Interrupted*>(&e)) return Work::ErrorKind::kInterrupted;
+  if (dynamic_cast<const RevokedError*>(&e)) return Work::ErrorKind::kRevoked;
   return Work::ErrorKind::kError;
 }
 
@@ -71,6 +72,10 @@ std::string Communicator::error() {
 void Communicator::check_usable() {
   if (closed_ || closing_) throw Error("ringcomm: the communicator is closed");
   if (!error_.empty()) {
+    if (mentions_revoke(error_)) {
+      throw RevokedError("ringcomm: the communicator is revoked (" + error_ +
+                         "): agree() and shrink() still work on it; create a new one (shrink) for further calls");
+    }
     throw Error("ringcomm: the communicator is unusable after an earlier error (" + error_ +
                 "); create a new one");
   }
@@ -165,6 +170,27 @@ void Communicator::close() {
   closed_cv_.notify_all();
   lk.unlock();
   if (interrupted) throw Interrupted(interrupt_text);
+}
+
+void Communicator::revoke(const std::string& why) {
+  const std::string text = "rank " + std::to_string(rank_) + " " + kRevokedMark + (why.empty() ? "" : ": " + why);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_.empty() || !mentions_revoke(error_)) error_ = text;
+  }
+  std::lock_guard<std::mutex> life(life_mu_);
+  // A rank that had already announced an abort cannot announce again (one
+  // reason per segment / TCP stream): its peers fail from that abort, which
+  // is just as final.
+  if (!released_) router_.announce_abort(text);
+  router_.wake();
+}
+
+std::string Communicator::peer_gone(int peer) {
+  if (peer < 0 || peer >= world_ || peer == rank_) return {};
+  std::lock_guard<std::mutex> life(life_mu_);
+  if (released_) return {};
+  return router_.peer_gone(peer);
 }
 
 void Communicator::abort(const std::string& why) {

@@ -169,6 +169,11 @@ class Communicator {
   // Fails this communicator now and tells the peers (they fail fast too);
   // a call blocked in another thread raises within milliseconds.
   void abort(const std::string& why);
+  // abort() as a revoke: every rank's calls in flight and later raise
+  // RevokedError (the peers hear of it as of an abort).
+  void revoke(const std::string& why);
+  // Why `peer` is known to be gone ("" if not known; Transport::peer_gone).
+  std::string peer_gone(int peer);
   bool closed() const { return closed_; }
   // Non-empty once an operation failed: later calls are refused.
   std::string error();

@@ -393,6 +393,7 @@ std::string call_text(const CallInfo& info) {
 // rank left waiting by the skipper raises the same type, whether its own
 // deadline or a faster peer's abort notice ends its wait first.
 [[noreturn]] void throw_classified(const std::string& message) {
+  if (mentions_revoke(message)) throw RevokedError(message);
   if (message.find("mismatched calls") != std::string::npos) throw MismatchError(message);
   if (message.find(": Timed out after ") != std::string::npos) throw TimeoutError(message);
   throw Error(message);
@@ -434,7 +435,10 @@ void Executor::rethrow_peer_lost(const PeerLostError& e) const {
 
 void Executor::periodic_checks(Clock::time_point now, bool waiting) {
   std::string why = transport_->local_abort_reason();
-  if (!why.empty()) throw Error("ringcomm: " + call_text(*info_) + " stopped: this rank aborted: " + why);
+  if (!why.empty()) {
+    if (mentions_revoke(why)) throw RevokedError("ringcomm: " + call_text(*info_) + " stopped: " + why);
+    throw Error("ringcomm: " + call_text(*info_) + " stopped: this rank aborted: " + why);
+  }
   check_interrupted(now, &last_interrupt_, [&] { return call_text(*info_); });
   if (!waiting) return;
   check_peers_alive();

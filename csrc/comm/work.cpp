@@ -90,6 +90,7 @@ void Work::rethrow() {
     case ErrorKind::kTimeout: throw TimeoutError(message_);
     case ErrorKind::kMismatch: throw MismatchError(message_);
     case ErrorKind::kInterrupted: throw Interrupted(message_);
+    case ErrorKind::kRevoked: throw RevokedError(message_);
     default: throw Error(message_);
   }
 }

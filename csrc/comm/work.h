@@ -13,7 +13,7 @@ namespace ringcomm {
 class Work {
  public:
   enum class State { kPending, kDone, kFailed };
-  enum class ErrorKind { kNone, kError, kTimeout, kMismatch, kInterrupted };
+  enum class ErrorKind { kNone, kError, kTimeout, kMismatch, kInterrupted, kRevoked };
 
   // `waiters` counts the threads blocked in wait() on any Work of the
   // communicator (close() aborts rather than drains while there are some).

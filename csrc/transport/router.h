@@ -31,6 +31,7 @@ class Router : public Transport {
   std::string peer_abort_reason(int peer) override { return routes_[peer]->peer_abort_reason(peer); }
   std::string local_abort_reason() override { return home_->local_abort_reason(); }
   void poll_peers() override;
+  std::string peer_gone(int peer) override { return routes_[peer]->peer_gone(peer); }
   bool any_peer_aborted() override;
   void announce_departure() override;
   void record_call(const CallRecordView& call) override {

@@ -55,6 +55,11 @@ class Transport {
   // Non-empty once this rank announced an abort (another thread's abort()
   // must stop a call blocked in this one).
   virtual std::string local_abort_reason() { return {}; }
+  // Why `peer` is known to be gone (its process died, it closed its
+  // communicator, its connection broke), or "" (alive, or not known). Safe
+  // from any thread, also while a call runs; never throws. Only positive
+  // evidence counts: a peer that is merely slow (stopped) is not gone.
+  virtual std::string peer_gone(int /*peer*/) { return {}; }
   // Looks at whether the peers' processes still live (a system call or so;
   // the executor calls it every few milliseconds while it waits).
   virtual void poll_peers() {}

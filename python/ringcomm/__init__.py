@@ -27,7 +27,7 @@ from ringcomm.collectives import (
     sendrecv,
 )
 from ringcomm.communicator import ANY_SOURCE, Communicator
-from ringcomm.errors import CollectiveMismatchError, RingcommError, TimeoutError
+from ringcomm.errors import CollectiveMismatchError, RevokedError, RingcommError, TimeoutError
 from ringcomm.reduce_op import ReduceOp
 from ringcomm.work import Work
 
@@ -38,6 +38,7 @@ __all__ = [
     "CollectiveMismatchError",
     "Communicator",
     "ReduceOp",
+    "RevokedError",
     "RingcommError",
     "TimeoutError",
     "Work",

@@ -9,7 +9,7 @@ import os
 import sys
 import weakref
 
-from ringcomm import _C, bootstrap, cost_model, validate
+from ringcomm import _C, bootstrap, cost_model, recovery, validate
 from ringcomm._C import DeviceBufferError as _DeviceBuffer
 from ringcomm.errors import CollectiveMismatchError, RingcommError
 from ringcomm.reduce_op import ReduceOp, op_value
@@ -77,6 +77,12 @@ class Communicator:
         self._prefix = prefix
         self._config = config
         self._splits = 0
+        self._agreements = 0  # agree() calls (each has its own keys in the store)
+        self._shrinks = 0  # shrink attempts (each builds under its own prefix)
+        self._found_dead = {}  # rank -> why, as agreements found them
+        self._census = None  # every rank's census record (host, pid): liveness evidence for agree()
+        self._ranks = ranks  # the ranks of the communicator this one was split / shrunk from
+        self._parent_ranks = None  # shrink(): the parent's rank of each rank
         self._inflight = []
         self._native = None
         self._gpu_path = None
@@ -117,6 +123,7 @@ class Communicator:
             infos = bootstrap.exchange(store, prefix, rank, world_size, info, config.timeout_s,
                                        schema=_CENSUS_SCHEMA)
             self._check_peers(rank, info, infos)
+            self._census = infos
             if infos[0]["cost_model_error"] is not None:
                 raise ValueError(f"ringcomm: RINGCOMM_COST_MODEL on rank 0: {infos[0]['cost_model_error']}")
             if "tcp" in info and "secret" not in infos[0]:
@@ -581,6 +588,65 @@ class Communicator:
         if native is not None:
             native.close()
         self._inflight = []
+
+    # -- fault recovery (ringcomm/recovery.py) --------------------------------
+    def revoke(self, reason=""):
+        """Revokes the communicator, from any rank and any thread: every rank's
+        calls in flight on it and later raise ringcomm.RevokedError within
+        milliseconds. agree() and shrink() still work on it."""
+        if not isinstance(reason, str):
+            raise TypeError(f"revoke: reason must be a str, got {type(reason).__name__}")
+        if self._gpu_path is not None:
+            self._gpu_path.abort(f"revoked: {reason}" if reason else "revoked")
+        native = self._native
+        if native is None:
+            raise RingcommError("ringcomm: revoke: the communicator is closed")
+        native.revoke(reason)
+
+    def agree(self, flag=True, timeout=None):
+        """Fault-tolerant agreement among the live ranks (every live rank calls
+        it; it works on a revoked or failed communicator). Returns (the AND
+        of every live rank's flag, the sorted ranks found gone): the same on
+        every survivor, also when a rank dies while it runs. A bool flag gives
+        a bool; an int flag (0 .. 2**63 - 1) the bitwise AND. A rank that is
+        merely slow is waited for, up to `timeout` (default: the
+        communicator's), then counted as gone."""
+        if isinstance(flag, bool):
+            value = int(flag)
+        else:
+            value = validate.index(flag, "flag", lo=0, hi=(1 << 63) - 1)
+        timeout_s = self._config.timeout_s if timeout is None else validate.timeout_seconds(timeout)
+        self._agreements += 1
+        liveness = recovery.Liveness(self._native, self._census, self.rank, self._found_dead)
+        votes, dead = recovery.agree(self._store, f"{self._prefix}/agree{self._agreements}", self.rank,
+                                     range(self.world_size), str(value), liveness, timeout_s)
+        self._found_dead.update(dead)
+        result = (1 << 63) - 1
+        for v in votes.values():
+            result &= int(v)
+        return (bool(result) if isinstance(flag, bool) else result), sorted(dead)
+
+    def shrink(self, exclude=None, timeout=None):
+        """A new communicator of the survivors, called by the survivors only
+        (it works on a revoked or failed communicator, and on a shrunk one).
+        `exclude`: ranks to leave out (every survivor passes the same list;
+        default none); ranks found gone are left out too. New rank i is this
+        communicator's rank parent_ranks[i] (contiguous, in the old order).
+        This communicator is revoked (calls in flight on it raise
+        RevokedError), never waited on; close it when done with it."""
+        if exclude is not None:
+            exclude = validate.indices(exclude, "exclude")
+            bad = [r for r in exclude if not 0 <= r < self.world_size]
+            if bad:
+                raise ValueError(f"shrink: exclude ranks {bad} are out of range for world size {self.world_size}")
+        timeout_s = self._config.timeout_s if timeout is None else validate.timeout_seconds(timeout)
+        return recovery.shrink(self, exclude, timeout_s)
+
+    @property
+    def parent_ranks(self):
+        """For a communicator shrink() returned: the parent's rank of each of
+        its ranks (None otherwise)."""
+        return None if self._parent_ranks is None else list(self._parent_ranks)
 
     def abort(self, reason="aborted by the user"):
         """Fails this communicator at once; a call blocked in another thread

@@ -1,6 +1,6 @@
 """Work: the handle of an asynchronous operation."""
 from ringcomm import validate
-from ringcomm.errors import CollectiveMismatchError, RingcommError, TimeoutError
+from ringcomm.errors import CollectiveMismatchError, RevokedError, RingcommError, TimeoutError
 
 
 def seconds(timeout, name="timeout"):
@@ -55,6 +55,8 @@ class Work:
             return None
         if self._native.is_timeout():
             return TimeoutError(msg)
+        if self._native.is_revoked():
+            return RevokedError(msg)
         return (CollectiveMismatchError if self._native.is_mismatch() else RingcommError)(msg)
 
     def source_rank(self):

@@ -79,6 +79,16 @@ class PeerLostError : public Error {
  public:
   using Error::Error;
 };
+// The communicator was revoked (Communicator::revoke on any rank):
+// ringcomm.RevokedError. A revoke travels as an abort whose reason carries
+// kRevokedMark, so every rank that hears of it, directly or through a peer
+// that failed because of it, raises this type.
+class RevokedError : public Error {
+ public:
+  using Error::Error;
+};
+constexpr const char* kRevokedMark = "revoked the communicator";
+inline bool mentions_revoke(const std::string& text) { return text.find(kRevokedMark) != std::string::npos; }
 class ValueError : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;

@@ -255,6 +255,20 @@ bool ShmTransport::any_peer_aborted() {
   return false;
 }
 
+// Reads only what other threads never change (the peer's segment, its lock),
+// not gone_ / pidfds_, which poll_peers updates from the calling thread.
+std::string ShmTransport::peer_gone(int peer) {
+  if (peer == rank_ || peers_.size() != static_cast<size_t>(world_) || !peers_[peer].mapped()) return {};
+  if (peers_[peer].control()->departed.load(std::memory_order_acquire)) {
+    return "rank " + std::to_string(peer) + " closed its communicator";
+  }
+  if (peers_[peer].owner_gone()) {
+    return "rank " + std::to_string(peer) + " (pid " + std::to_string(peers_[peer].control()->owner_pid) +
+           ") died: its process exited without closing the communicator";
+  }
+  return {};
+}
+
 void ShmTransport::poll_peers() {
   struct pollfd fds[64];
   int who[64];

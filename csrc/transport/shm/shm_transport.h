@@ -55,6 +55,7 @@ class ShmTransport : public Transport {
   std::string peer_abort_reason(int peer) override;
   std::string local_abort_reason() override;
   void poll_peers() override;
+  std::string peer_gone(int peer) override;
   bool any_peer_aborted() override;
   void announce_departure() override;
   void record_call(const CallRecordView& call) override;

@@ -129,7 +129,9 @@ class TcpLink : public Link {
 
   void check_local_abort() const {
     std::string why = owner_->local_abort();
-    if (!why.empty()) throw Error("ringcomm: rank " + std::to_string(rank_) + " aborted: " + why);
+    if (why.empty()) return;
+    if (mentions_revoke(why)) throw RevokedError("ringcomm: " + why);
+    throw Error("ringcomm: rank " + std::to_string(rank_) + " aborted: " + why);
   }
 
   // (io) the `in` ring has a free slot; the `out` ring holds unsent frames.
@@ -164,6 +166,12 @@ class TcpLink : public Link {
   alignas(64) std::atomic<uint64_t> in_head_{0};   // released by the executor
   std::atomic<int> state_{kOpen};
   std::string reason_;  // written once by the I/O thread, before state_ becomes kFailed or kLost
+  // The peer's end of the connection is gone (its stream ended, or it was
+  // reset, without an ABORT frame first): set by the I/O thread also after
+  // this rank aborted (peer_gone: agreement needs to know who died after
+  // the communicator failed). gone_why_ is written once, before gone_.
+  std::atomic<bool> gone_{false};
+  std::string gone_why_;
 
   uint32_t send_offset_ = 0;  // executor: page offset of the slot being filled
 
@@ -408,6 +416,19 @@ void TcpTransport::poll_peers() {
   }
 }
 
+std::string TcpTransport::peer_gone(int peer) {
+  if (peer < 0 || peer >= world_) return {};
+  TcpLink* l = links_[peer].load(std::memory_order_acquire);
+  if (!l) return {};
+  if (l->gone_.load(std::memory_order_acquire)) return l->gone_why_;
+  const int state = l->state_.load(std::memory_order_acquire);
+  // reason_ is written once, before state_ turns kLost. (kFailed is no
+  // evidence: a peer that aborted, and is alive, fails its links too.)
+  if (state == TcpLink::kLost) return l->reason_;
+  if (state == TcpLink::kPeerClosed) return "rank " + std::to_string(peer) + " closed its communicator";
+  return {};
+}
+
 void TcpTransport::notify_io() {
   // Pairs with the fence in io_loop: either the I/O thread sees the new
   // counters in has_work(), or we see its sleeping flag here.
@@ -500,6 +521,17 @@ void TcpTransport::fail_link(TcpLink& l, const std::string& why) {
 void TcpTransport::on_eof(TcpLink& l, int err) {
   l.eof_ = true;
   l.in_ready_ = false;
+  // Evidence of a death only if the peer had not said it failed (an ABORT
+  // frame) and this rank had not hung up on it (a bad frame): a peer that
+  // aborted may close its end and still live.
+  const int was = l.state_.load(std::memory_order_relaxed);
+  if (!l.gone_.load(std::memory_order_relaxed) && (was == TcpLink::kOpen || was == TcpLink::kPeerClosed)) {
+    l.gone_why_ = "rank " + std::to_string(l.peer_) + " (" + l.name_ + "): its TCP connection " +
+                  (err != 0 ? "failed: " + tcp::errno_text(err) : std::string("was closed")) +
+                  (l.state_.load(std::memory_order_relaxed) == TcpLink::kPeerClosed ? " (it closed its communicator)"
+                                                                                     : " (did its process die?)");
+    l.gone_.store(true, std::memory_order_release);
+  }
   if (stop_.load(std::memory_order_relaxed) || aborted_.load(std::memory_order_relaxed)) return;
   if (l.state_.load(std::memory_order_relaxed) != TcpLink::kOpen) return;  // after its goodbye or abort
   const std::string who = "rank " + std::to_string(l.peer_) + " (" + l.name_ + ")";

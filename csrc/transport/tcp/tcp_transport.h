@@ -91,6 +91,7 @@ class TcpTransport : public Transport {
   // The link to `peer`; the first call asks for its connection.
   Link* link(int peer) override;
   void poll_peers() override;
+  std::string peer_gone(int peer) override;
   void sleep(Clock::time_point until, const std::function<bool()>& recheck) override {
     home_->sleep(until, recheck);
   }

@@ -1,0 +1,210 @@
+"""Fault recovery: agreement among the live ranks and shrinking a communicator.
+
+A revoked or failed communicator cannot carry data any more, so both run
+through the rendezvous store, which must outlive the lost ranks (torchrun's
+agent serves it, or a launcher process; under plain MASTER_ADDR / MASTER_PORT
+rank 0 serves it, and the loss of rank 0 ends the job).
+
+Agreement (as ULFM's MPIX_Comm_agree): every live member writes its vote under
+its own key with compare_set(key, "", vote); a member that waits for another
+one's vote and holds evidence that it is gone (its process died, it closed
+its communicator, its connection broke: Transport::peer_gone; a local pid
+that no longer runs) writes "dead" into that key the same way. compare_set
+lets only the first writer win, so each key ends holding a vote or "dead",
+never both, and every survivor reads the same final values: the same answer
+on every rank, also when a rank dies while the agreement runs (it either
+voted first, or is found dead). A rank that is only slow (stopped, swapped
+out) has no such evidence against it and is waited for, up to the timeout;
+at the timeout the ranks still missing are declared dead. A rank declared
+dead that votes later finds "dead" in its key and raises: it is no longer a
+member.
+
+Shrinking (as MPIX_Comm_shrink / ncclCommShrink): the survivors revoke the
+parent (calls still in flight on it raise RevokedError), agree on who is
+gone, build a communicator of the rest under a prefix of its own (nothing
+stale is read), and confirm it with a second agreement on the new members: if
+one died while it was being built, every survivor sees that, and they all
+build again without it.
+"""
+import json
+import time
+
+from ringcomm import bootstrap
+from ringcomm.errors import CollectiveMismatchError, RingcommError, TimeoutError  # noqa: A004
+
+_POLL_MIN_S = 0.001
+_POLL_MAX_S = 0.02
+_DEAD = "dead"
+
+
+def _text(value):
+    return value if isinstance(value, str) else bytes(value).decode("utf-8", "replace")
+
+
+def _compare_set(store, key, value, what):
+    compare_set = getattr(store, "compare_set", None)
+    if compare_set is None:
+        raise RingcommError(f"ringcomm: {what} needs a store with compare_set (torch's TCPStore, FileStore and "
+                            f"HashStore have it; {type(store).__name__} has not)")
+    try:
+        return _text(compare_set(key, "", value))
+    except Exception as e:  # noqa: BLE001 - the store's own error types
+        raise bootstrap.store_failed(what, store, e) from e
+
+
+def _peek(store, key, what):
+    try:
+        if not store.check([key]):
+            return None
+        return _text(store.get(key))
+    except Exception as e:  # noqa: BLE001
+        raise bootstrap.store_failed(what, store, e) from e
+
+
+class Liveness:
+    """Evidence that a member is gone: the communicator's own links (a dead
+    process, a closed communicator, a broken connection), the pids of members
+    on this host, and the ranks earlier agreements found dead."""
+
+    def __init__(self, native, census, rank, known_dead=()):
+        self._native = native
+        self._known = set(known_dead)
+        mine = census[rank] if census else None
+        self._pids = {}
+        if mine and mine.get("pidns"):
+            for r, info in enumerate(census):
+                if r != rank and info.get("host") == mine["host"] and info.get("pidns") == mine["pidns"]:
+                    self._pids[r] = info["pid"]
+
+    def gone(self, r):
+        """Why member r is known to be gone, or ""."""
+        if r in self._known:
+            return f"rank {r} was found gone by an earlier agreement"
+        if self._native is not None:
+            try:
+                why = self._native.peer_gone(r)
+            except Exception:  # noqa: BLE001 - a released native communicator knows nothing
+                why = ""
+            if why:
+                return why
+        pid = self._pids.get(r)
+        if pid is not None and bootstrap.process_gone(pid):
+            return f"rank {r} (pid {pid}) died"
+        return ""
+
+
+def agree(store, prefix, rank, members, vote, liveness, timeout_s, what="agree"):
+    """Fault-tolerant agreement of `members` (ranks, this one among them) on
+    their `vote`s (short strings). Returns ({rank: vote} of the members that
+    voted, {rank: why} of those found dead), the same on every survivor."""
+    key = f"{prefix}/state/{{}}"
+    got = _compare_set(store, key.format(rank), "vote:" + vote, what)
+    if not got.startswith("vote:"):
+        raise RingcommError(
+            f"ringcomm: {what} on rank {rank}: the other ranks declared this rank gone before it voted "
+            f"({got[len(_DEAD) + 1:] or 'no reason'}); it is no longer a member of the communicator "
+            "(a replacement joins through grow)"
+        )
+    votes, dead = {rank: got[5:]}, {}
+    waiting = [r for r in members if r != rank]
+    deadline = time.monotonic() + timeout_s
+    pause = _POLL_MIN_S
+    while waiting:
+        timed_out = time.monotonic() >= deadline
+        still = []
+        for r in waiting:
+            value = _peek(store, key.format(r), what)
+            if value is None:
+                why = liveness.gone(r) or (f"rank {r} did not join {what} within {timeout_s:.3g} s"
+                                           if timed_out else "")
+                if not why:
+                    still.append(r)
+                    continue
+                value = _compare_set(store, key.format(r), f"{_DEAD}:{why}", what)
+            if value.startswith("vote:"):
+                votes[r] = value[5:]
+            else:
+                dead[r] = value[len(_DEAD) + 1:]
+        waiting = still
+        if waiting:
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX_S)
+    return votes, dead
+
+
+def shrink(comm, exclude, timeout_s):
+    """The survivors' new communicator (Communicator.shrink)."""
+    from ringcomm.communicator import Communicator
+
+    parent = comm
+    native = parent._native
+    if native is None:
+        raise RingcommError("ringcomm: shrink: the communicator is closed (shrink an aborted or revoked one, "
+                            "not a closed one)")
+    rank, world = parent.rank, parent.world_size
+    exclude = sorted(set(exclude or ()))
+    if rank in exclude:
+        raise ValueError(f"shrink: rank {rank} excludes itself; only the survivors call shrink")
+    native.revoke(f"rank {rank} shrinks the communicator")
+    if parent._gpu_path is not None:
+        parent._gpu_path.abort("the communicator is being shrunk")
+    deadline = time.monotonic() + timeout_s
+    liveness = Liveness(native, parent._census, rank, parent._found_dead)
+    members = [r for r in range(world) if r not in exclude]
+    cost_params = native.cost_params()
+    attempt = 0
+    while True:
+        attempt += 1
+        parent._shrinks += 1
+        base = f"{parent._prefix}/shrink{parent._shrinks}"
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"ringcomm: shrink on rank {rank} did not complete within {timeout_s:.3g} s "
+                               f"({attempt - 1} attempts)")
+        votes, dead = agree(parent._store, f"{base}/who", rank, members,
+                            json.dumps(exclude), liveness, left, "shrink")
+        differ = {r: v for r, v in votes.items() if v != json.dumps(exclude)}
+        if differ:
+            said = "; ".join(f"rank {r} excluded {v}" for r, v in sorted(differ.items())[:8])
+            raise CollectiveMismatchError(f"ringcomm: shrink disagreement: rank {rank} excluded {exclude}, but "
+                                          f"{said}; every survivor must pass the same exclude list")
+        parent._found_dead.update(dead)
+        liveness = Liveness(native, parent._census, rank, parent._found_dead)
+        members = [r for r in members if r not in dead]
+        new_rank = members.index(rank)
+        ranks = [parent._ranks[r] for r in members] if parent._ranks else list(members)
+        child, error = None, ""
+        try:
+            child = Communicator(parent._store, f"{base}/comm", new_rank, len(members), parent._config,
+                                 ranks=ranks, cost_params=cost_params)
+        except RingcommError as e:  # a member died while it was being built: all build again
+            error = str(e)[:300]
+        # Every survivor must learn whether every other one got its communicator.
+        votes, dead = agree(parent._store, f"{base}/built", new_rank, list(range(len(members))),
+                            "ok" if child is not None else "failed", _Mapped(liveness, members),
+                            max(0.001, deadline - time.monotonic()), "shrink")
+        if not dead and all(v == "ok" for v in votes.values()):
+            child._parent_ranks = list(members)
+            child._ranks = ranks
+            return child
+        if child is not None:
+            child.abort("a member was lost while the shrunk communicator was being built")
+            child.close()
+        if not dead:  # no death explains it: every survivor gives up alike
+            failed = [members[r] for r, v in sorted(votes.items()) if v != "ok"]
+            raise RingcommError(f"ringcomm: shrink on rank {rank}: rank(s) {failed} could not build the new "
+                                f"communicator" + (f" (here: {error})" if error else ""))
+        lost = {members[r]: why for r, why in dead.items()}
+        parent._found_dead.update(lost)
+        liveness = Liveness(native, parent._census, rank, parent._found_dead)
+        members = [r for r in members if r not in lost]
+
+
+class _Mapped:
+    """Liveness of the new members, asked by their new ranks."""
+
+    def __init__(self, liveness, members):
+        self._liveness, self._members = liveness, members
+
+    def gone(self, r):
+        return self._liveness.gone(self._members[r])

@@ -1,0 +1,262 @@
+"""Fault recovery primitives (issue 23, point 1): revoke, agree, shrink.
+
+One spawned group of 4 ranks per transport runs the sections in order; the
+last ones kill ranks, so the survivors go on with fewer:
+
+- revoke from another thread while every rank blocks in a call: all raise
+  RevokedError within PROMPT; later calls raise it too; agree and shrink
+  work on the revoked communicator (shrink of nobody: a fresh world of 4).
+- agree's AND, with one rank voting False, and an int flag.
+- shrink with an async operation pending on the parent: the Work fails with
+  RevokedError, the child works.
+- a rank stopped (SIGSTOP) for longer than detection takes, less than the
+  timeout, while the others agree: it is waited for, not declared dead.
+- rank 3 SIGKILLed mid all_reduce: the survivors raise naming it, revoke,
+  agree -> (True, [3]), shrink -> world 3 with parent_ranks [0, 1, 2]; the
+  whole recovery timed; then a shrink of the shrink with exclude=[2] called
+  by ranks 0 and 1 only.
+
+A second group: a rank dies while the others shrink (before voting, and
+after voting while the new communicator is being built): the survivors end
+with the same communicator of the rest.
+"""
+
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import harness
+from checks import first_line
+
+PROMPT = 0.1
+SLACK = 0.4  # this shared 2-core VM
+BIG = 1 << 18
+
+
+def _sync(ctx, name, ranks=None):
+    ranks = range(ctx.world_size) if ranks is None else ranks
+    ctx.store.set(f"sync/{name}/{ctx.rank}", "1")
+    ctx.store.wait([f"sync/{name}/{r}" for r in ranks], timedelta(seconds=60))
+
+
+def _new_comm(ctx, timeout=60.0):
+    import ringcomm
+
+    return ringcomm.init(rank=ctx.rank, world_size=ctx.world_size, store=ctx.store, timeout=timeout)
+
+
+def _check_works(comm, what, fails):
+    """An all_reduce on `comm` gives the sum of (rank + 1)."""
+    x = np.full(1024, comm.rank + 1, np.float32)
+    comm.all_reduce(x)
+    want = comm.world_size * (comm.world_size + 1) / 2
+    if not np.all(x == want):
+        fails.append(f"{what}: all_reduce gave {x[0]}, want {want}")
+
+
+def _revoke_in_flight(ctx, fails, msgs):
+    import ringcomm
+
+    comm = _new_comm(ctx)
+    r = ctx.rank
+    _check_works(comm, "before revoke", fails)
+    x = np.ones(BIG, np.float32)
+    fired = []
+    if r == 2:
+        def strike():
+            fired.append(time.monotonic())
+            comm.revoke("rank 2 revokes on purpose")
+        t = threading.Timer(0.3, strike)
+        t.start()
+    # Ranks 0..2 block in an all_reduce that rank 3 joins only after the revoke.
+    t0 = time.monotonic()
+    try:
+        if r == 3:
+            ctx.store.wait(["revoke/fired"], timedelta(seconds=60))
+        comm.all_reduce(x)
+        fails.append(f"revoke: rank {r}'s call succeeded")
+    except ringcomm.RevokedError as e:
+        end = time.monotonic()
+        if r == 2:
+            ctx.store.set("revoke/fired", repr(fired[0]))
+            took = end - fired[0]
+            if took > PROMPT + SLACK:
+                fails.append(f"revoke: rank 2's own call raised {took:.3f} s after revoke()")
+        msgs.append(f"revoke: rank {r} raised RevokedError after {end - t0:.2f} s: {first_line(e)[:140]}")
+        if "rank 2" not in str(e):
+            fails.append(f"revoke: rank {r}'s error does not name rank 2: {first_line(e)}")
+    except Exception as e:  # noqa: BLE001
+        fails.append(f"revoke: rank {r} raised {type(e).__name__}, not RevokedError: {first_line(e)}")
+        if r == 2:
+            ctx.store.set("revoke/fired", "0")
+    try:
+        comm.all_reduce(np.ones(4, np.float32))
+        fails.append(f"revoke: rank {r}'s later call succeeded")
+    except ringcomm.RevokedError:
+        pass
+    except Exception as e:  # noqa: BLE001
+        fails.append(f"revoke: rank {r}'s later call raised {type(e).__name__}: {first_line(e)}")
+    # agree and shrink work on the revoked communicator.
+    ok, failed = comm.agree(True)
+    if (ok, failed) != (True, []):
+        fails.append(f"revoke: agree gave {(ok, failed)} on rank {r}")
+    child = comm.shrink()
+    if (child.world_size, child.rank, child.parent_ranks) != (4, r, [0, 1, 2, 3]):
+        fails.append(f"revoke: shrink gave rank {child.rank} of {child.world_size}, {child.parent_ranks}")
+    _check_works(child, "the shrink of a revoked communicator", fails)
+    child.close()
+    comm.close()
+    _sync(ctx, "revoke")
+
+
+def _agree_values(ctx, fails, msgs):
+    comm = _new_comm(ctx)
+    r = ctx.rank
+    got = comm.agree(r != 3)
+    if got != (False, []):
+        fails.append(f"agree: rank {r} got {got}, want (False, []) (rank 3 voted False)")
+    got = comm.agree(0b1111 if r else 0b0110)
+    if got != (0b0110, []):
+        fails.append(f"agree: int flags gave {got} on rank {r}")
+    got = comm.agree(True)
+    if got != (True, []):
+        fails.append(f"agree: rank {r} got {got}")
+    for bad in (-1, "yes", 1.5):
+        try:
+            comm.agree(bad)
+            fails.append(f"agree({bad!r}) was accepted")
+        except (TypeError, ValueError):
+            pass
+    _check_works(comm, "after agree", fails)  # agree does not disturb the communicator
+    comm.close()
+    _sync(ctx, "agree")
+
+
+def _shrink_with_pending(ctx, fails, msgs):
+    import ringcomm
+
+    comm = _new_comm(ctx)
+    r = ctx.rank
+    pending = None
+    if r == 0:
+        pending = comm.all_reduce(np.ones(BIG, np.float32), async_op=True)  # nobody joins it
+        time.sleep(0.2)
+    _sync(ctx, "pending-issued")
+    child = comm.shrink()
+    if pending is not None:
+        try:
+            pending.wait(10)
+            fails.append("shrink: the parent's pending all_reduce succeeded")
+        except ringcomm.RevokedError:
+            pass
+        except Exception as e:  # noqa: BLE001
+            fails.append(f"shrink: the pending Work raised {type(e).__name__}: {first_line(e)}")
+    _check_works(child, "the shrink with a pending op", fails)
+    child.close()
+    comm.close()
+    _sync(ctx, "pending")
+
+
+def _slow_is_not_dead(ctx, fails, msgs):
+    """Rank 1 stops rank 2 (SIGSTOP) for 1.5 s while ranks 0, 1 and 3 agree:
+    far longer than detection takes (ms), far less than the timeout."""
+    comm = _new_comm(ctx)
+    r = ctx.rank
+    pid2 = int(ctx.store.get("pid/2")) if r == 1 else None
+    _sync(ctx, "stop-ready")
+    if r == 1:
+        os.kill(pid2, signal.SIGSTOP)
+        threading.Timer(1.5, os.kill, (pid2, signal.SIGCONT)).start()
+    if r == 2:
+        time.sleep(0.1)  # stopped around here
+    t0 = time.monotonic()
+    got = comm.agree(True, timeout=30)
+    took = time.monotonic() - t0
+    if got != (True, []):
+        fails.append(f"stopped: rank {r} got {got}: a stopped rank was declared dead")
+    msgs.append(f"stopped: rank {r} agreed in {took:.2f} s")
+    comm.close()
+    _sync(ctx, "stopped")
+
+
+def _kill_and_recover(ctx, fails, msgs):
+    import ringcomm
+
+    comm = _new_comm(ctx)
+    r = ctx.rank
+    _check_works(comm, "before the kill", fails)
+    _sync(ctx, "kill-ready")
+    if r == 3:
+        time.sleep(0.3)
+        ctx.store.set("killed_at", repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(BIG, np.float32))
+        fails.append(f"kill: rank {r}'s all_reduce succeeded without rank 3")
+    except ringcomm.RingcommError as e:
+        t_detect = time.monotonic()
+        if "rank 3" not in str(e) and not isinstance(e, ringcomm.RevokedError):
+            fails.append(f"kill: rank {r}'s error names neither rank 3 nor a revoke: {first_line(e)}")
+    comm.revoke("rank 3 is gone")
+    ok, failed = comm.agree(True)
+    t_agree = time.monotonic()
+    if (ok, failed) != (True, [3]):
+        fails.append(f"kill: agree gave {(ok, failed)} on rank {r}, want (True, [3])")
+    child = comm.shrink()
+    t_shrink = time.monotonic()
+    if (child.world_size, child.rank, child.parent_ranks) != (3, r, [0, 1, 2]):
+        fails.append(f"kill: shrink gave rank {child.rank} of {child.world_size}, {child.parent_ranks}")
+    _check_works(child, "after the shrink", fails)
+    t_step = time.monotonic()
+    killed_at = float(ctx.store.get("killed_at"))
+    msgs.append(f"kill: rank {r}: detect {t_detect - t0:.3f} s, agree {t_agree - t_detect:.3f} s, shrink "
+                f"{t_shrink - t_agree:.3f} s, next call done {time.time() - killed_at:.3f} s after the kill")
+    if t_step - t0 > 5:
+        fails.append(f"kill: rank {r} needed {t_step - t0:.1f} s from the kill to a working communicator")
+    # A shrink of the shrink, by ranks 0 and 1 only (rank 2 is excluded and does not call).
+    if r < 2:
+        grand = child.shrink(exclude=[2])
+        if (grand.world_size, grand.rank, grand.parent_ranks) != (2, r, [0, 1]):
+            fails.append(f"kill: second shrink gave rank {grand.rank} of {grand.world_size}")
+        _check_works(grand, "the shrink of a shrink", fails)
+        grand.close()
+    ctx.store.set(f"kill/done/{r}", "1")
+    ctx.store.wait([f"kill/done/{q}" for q in range(3)], timedelta(seconds=60))
+    child.close()
+    comm.close()
+
+
+def _recovery(comm, transport):
+    ctx = harness.context()
+    ctx.store.set(f"pid/{ctx.rank}", str(os.getpid()))
+    fails, msgs = [], []
+    _revoke_in_flight(ctx, fails, msgs)
+    _agree_values(ctx, fails, msgs)
+    _shrink_with_pending(ctx, fails, msgs)
+    _slow_is_not_dead(ctx, fails, msgs)
+    _kill_and_recover(ctx, fails, msgs)
+    return {"fails": fails, "msgs": msgs}
+
+
+def _results(run, killed):
+    """The results by rank of a group in which the ranks `killed` die by design."""
+    try:
+        res = run()
+    except harness.RankDied as e:
+        assert set(e.died) == set(killed) and all(c == -signal.SIGKILL for c in e.died.values()), str(e)
+        return e.results
+    raise AssertionError(f"ranks {killed} were to be killed, but every rank reported: {res}")
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_revoke_agree_shrink(transport):
+    env = {"RINGCOMM_TRANSPORT": transport} if transport == "tcp" else {}
+    res = _results(lambda: harness.run_ranks(_recovery, 4, (transport,), env=env, init=False,
+                                             hard_timeout=240, grace=60), killed=[3])
+    harness.print_and_check([res[r] for r in range(3)])
