@@ -260,3 +260,55 @@ def test_revoke_agree_shrink(transport):
     res = _results(lambda: harness.run_ranks(_recovery, 4, (transport,), env=env, init=False,
                                              hard_timeout=240, grace=60), killed=[3])
     harness.print_and_check([res[r] for r in range(3)])
+
+
+def _second_death(comm, when):
+    """Rank 3 is SIGKILLed mid all_reduce; while the survivors shrink, rank 2
+    dies too: `when` = "before_vote" (it never enters shrink) or "building"
+    (it voted, then dies as it starts building the new communicator). Ranks 0
+    and 1 must end with the same communicator of world 2, within 10 s."""
+    import ringcomm
+    from ringcomm import communicator as rc_comm
+
+    ctx = harness.context()
+    r = ctx.rank
+    comm = _new_comm(ctx)
+    fails, msgs = [], []
+    _check_works(comm, "before the kills", fails)
+    _sync(ctx, "ready")
+    if r == 3:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.all_reduce(np.ones(BIG, np.float32))
+        fails.append(f"rank {r}'s all_reduce succeeded without rank 3")
+    except ringcomm.RingcommError:
+        pass
+    if r == 2 and when == "before_vote":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if r == 2 and when == "building":
+        def die(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        rc_comm.Communicator.__init__ = die
+    t0 = time.monotonic()
+    child = comm.shrink()
+    took = time.monotonic() - t0
+    if (child.world_size, child.rank, child.parent_ranks) != (2, r, [0, 1]):
+        fails.append(f"{when}: shrink gave rank {child.rank} of {child.world_size}, {child.parent_ranks}")
+    _check_works(child, f"{when}: after the shrink", fails)
+    msgs.append(f"{when}: rank {r} shrank to {child.world_size} ranks in {took:.3f} s ({comm._shrinks} attempts)")
+    if took > 10:
+        fails.append(f"{when}: shrink took {took:.1f} s")
+    ctx.store.set(f"done/{r}", "1")
+    ctx.store.wait([f"done/{q}" for q in range(2)], timedelta(seconds=60))
+    child.close()
+    comm.close()
+    return {"fails": fails, "msgs": msgs}
+
+
+@pytest.mark.parametrize("when", ["before_vote", "building"])
+def test_a_second_death_while_shrinking(when):
+    env = {"RINGCOMM_TRANSPORT": "tcp"} if when == "building" else {}  # one case per transport
+    res = _results(lambda: harness.run_ranks(_second_death, 4, (when,), env=env, init=False,
+                                             hard_timeout=120, grace=60), killed=[2, 3])
+    harness.print_and_check([res[r] for r in range(2)])

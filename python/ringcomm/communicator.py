@@ -67,11 +67,28 @@ _EXPLAINABLE = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "redu
 _live = weakref.WeakSet()
 
 
+def _alive_from(gone, rank, world_size):
+    """An `alive` callback for bootstrap.wait_keys from gone(r) (None: none)."""
+    if gone is None:
+        return None
+
+    def alive(missing):
+        for r in range(world_size):
+            if r != rank and missing(r):
+                why = gone(r)
+                if why:
+                    raise RingcommError(f"ringcomm: rank {r} is gone ({why}); rank {rank} gives up joining")
+
+    return alive
+
+
 class Communicator:
-    def __init__(self, store, prefix, rank, world_size, config, ranks=None, cost_params=None):
+    def __init__(self, store, prefix, rank, world_size, config, ranks=None, cost_params=None, gone=None):
         """Joins the communicator named `prefix` in `store` (all ranks call it).
         `cost_params`: the cost model's parameters, agreed already (a split
-        inherits its parent's); else as config.cost_model says."""
+        inherits its parent's); else as config.cost_model says. `gone(r)`:
+        why rank r is known to be gone, or "" (shrink passes what its parent
+        knows, so that a member that dies before it joins is noticed at once)."""
         self._rank, self._world_size = rank, world_size  # still known once closed
         self._store = store
         self._prefix = prefix
@@ -121,7 +138,7 @@ class Communicator:
                 if rank == 0:
                     info["secret"] = bootstrap.draw_secret()
             infos = bootstrap.exchange(store, prefix, rank, world_size, info, config.timeout_s,
-                                       schema=_CENSUS_SCHEMA)
+                                       schema=_CENSUS_SCHEMA, alive=_alive_from(gone, rank, world_size))
             self._check_peers(rank, info, infos)
             self._census = infos
             if infos[0]["cost_model_error"] is not None:
@@ -166,7 +183,9 @@ class Communicator:
             # Single-copy pull schedules need every rank able to read every
             # peer's memory; all ranks must agree, or their schedules differ.
             can_pull = config.pull and native.probe_pull()
-            pulls = bootstrap.exchange(store, f"{prefix}/pull", rank, world_size, can_pull, config.timeout_s)
+            pulls = bootstrap.exchange(store, f"{prefix}/pull", rank, world_size, can_pull, config.timeout_s,
+                                       alive=_alive_from(lambda r: (gone and gone(r)) or native.peer_gone(r),
+                                                         rank, world_size))
             native.set_pull(all(p is True for p in pulls))
             # 4. The cost model's parameters, the same on every rank.
             if cost_params is not None:

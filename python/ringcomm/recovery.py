@@ -176,7 +176,7 @@ def shrink(comm, exclude, timeout_s):
         child, error = None, ""
         try:
             child = Communicator(parent._store, f"{base}/comm", new_rank, len(members), parent._config,
-                                 ranks=ranks, cost_params=cost_params)
+                                 ranks=ranks, cost_params=cost_params, gone=_Mapped(liveness, members).gone)
         except RingcommError as e:  # a member died while it was being built: all build again
             error = str(e)[:300]
         # Every survivor must learn whether every other one got its communicator.
