@@ -10,9 +10,13 @@
     z = ZeroDataParallel(stage, g.dp, stage=3, mixed_precision="bf16", lr=1e-3)  # ZeRO over DP
     pipe = Pipeline(z, g.pp, "1f1b", n_microbatches=4, loss_fn=loss)
     losses = pipe.step(tokens, target); z.step(); z.zero_grad()
+
+    el = ElasticDataParallel(DataParallel(model, comm), opt, batch_of)  # survives lost DP ranks
+    while el.step < steps: el.train_step(loss_fn)
 """
 from ringcomm.parallel.clip import clip_grad_norm_
 from ringcomm.parallel.dp import DataParallel
+from ringcomm.parallel.elastic import ElasticDataParallel
 from ringcomm.parallel.mesh import ParallelGroups, layout_ranks, split_3d
 from ringcomm.parallel.pp import Pipeline, schedule_order
 from ringcomm.parallel.tp import (
@@ -36,6 +40,7 @@ from ringcomm.parallel.zero import ZeroDataParallel, paper_memory_bytes
 __all__ = [
     "ColumnParallelLinear",
     "DataParallel",
+    "ElasticDataParallel",
     "ParallelGroups",
     "Pipeline",
     "RowParallelLinear",

@@ -169,6 +169,16 @@ class DataParallel(nn.Module):
             self._next = 0
             self._pending = False
 
+    def reset(self):
+        """Forgets the reductions in flight (their communicator failed): the
+        next backward starts afresh. Used by ElasticDataParallel on recovery,
+        before dp.comm is replaced."""
+        for b in self.buckets:
+            b.ready.clear()
+            b.work = None
+        self._next = 0
+        self._pending = False
+
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside accumulate gradients locally, without communication;
