@@ -312,3 +312,88 @@ def test_a_second_death_while_shrinking(when):
     res = _results(lambda: harness.run_ranks(_second_death, 4, (when,), env=env, init=False,
                                              hard_timeout=120, grace=60), killed=[2, 3])
     harness.print_and_check([res[r] for r in range(2)])
+
+
+def _grow(comm, transport):
+    """Ranks 0..2 form a communicator of 3; rank 3 of the spawned group is a
+    replacement that calls init(join=...). The members grow at a point of
+    their choosing: nobody waits at first (grow returns the same
+    communicator), then the joiner is admitted as rank 3 of 4. A joiner whose
+    settings differ from the members' is refused, and the members' grown
+    communicator goes on."""
+    import ringcomm
+
+    ctx = harness.context()
+    r = ctx.rank
+    fails, msgs = [], []
+    if r == 4:  # RINGCOMM_SLOTS differs from the members': refused
+        ctx.store.wait(["grow/second"], timedelta(seconds=60))
+        try:
+            ringcomm.init(join="default", store=ctx.store, timeout=60)
+            fails.append("the joiner with other settings was admitted")
+        except ValueError as e:
+            msgs.append(f"refused: {first_line(e)[:120]}")
+        return {"fails": fails, "msgs": msgs}
+    if r == 3:
+        ctx.store.wait(["grow/members-up"], timedelta(seconds=60))
+        t0 = time.monotonic()
+        comm = ringcomm.init(join="default", store=ctx.store, timeout=60)
+        msgs.append(f"joined as rank {comm.rank} of {comm.world_size} after {time.monotonic() - t0:.2f} s")
+        if (comm.rank, comm.world_size) != (3, 4):
+            fails.append(f"the joiner got rank {comm.rank} of {comm.world_size}")
+        _check_works(comm, "the grown communicator (joiner)", fails)
+        _refused(ctx, comm, fails)
+        comm.close()
+        return {"fails": fails, "msgs": msgs}
+    comm = ringcomm.init(rank=r, world_size=3, store=ctx.store, timeout=60)
+    _check_works(comm, "the members before grow", fails)
+    same = comm.grow()
+    if same is not comm:
+        fails.append("grow() with nobody waiting returned a new communicator")
+    if r == 0:
+        ctx.store.set("grow/members-up", "1")
+        deadline = time.monotonic() + 60
+        from ringcomm import recovery
+        while recovery.waiting(ctx.store, "default") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    comm.barrier()
+    t0 = time.monotonic()
+    grown = comm.grow()
+    msgs.append(f"grew to {grown.world_size} in {time.monotonic() - t0:.3f} s")
+    if (grown.rank, grown.world_size) != (r, 4):
+        fails.append(f"member {r} is rank {grown.rank} of {grown.world_size} after grow")
+    _check_works(grown, "the grown communicator (member)", fails)
+    _check_works(comm, "the members' old communicator after grow", fails)
+    comm.close()
+    _refused(ctx, grown, fails)
+    grown.close()
+    return {"fails": fails, "msgs": msgs}
+
+
+def _refused(ctx, grown, fails):
+    """The 4 ranks of the grown communicator grow again while a joiner with
+    another RINGCOMM_SLOTS waits: every rank raises ValueError naming the
+    setting, and their communicator goes on."""
+    from ringcomm import recovery
+
+    r = grown.rank
+    if r == 0:
+        ctx.store.set("grow/second", "1")
+        deadline = time.monotonic() + 60
+        while recovery.waiting(ctx.store, "default") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    grown.barrier()
+    try:
+        grown.grow()
+        fails.append(f"rank {r}: grow admitted a joiner whose settings differ")
+    except ValueError as e:
+        if "nslots" not in str(e):
+            fails.append(f"rank {r}: the refusal does not name the setting: {first_line(e)}")
+    _check_works(grown, "the communicator after a refused joiner", fails)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_grow_admits_a_replacement(transport):
+    env = {"RINGCOMM_TRANSPORT": transport} if transport == "tcp" else {}
+    harness.print_and_check(harness.run_ranks(_grow, 5, (transport,), env=env, rank_env={4: {"RINGCOMM_SLOTS": 7}},
+                                              init=False, hard_timeout=120))

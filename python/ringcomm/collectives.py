@@ -17,7 +17,7 @@ _generation = 0
 MAX_WORLD_SIZE = (1 << 31) - 1
 
 
-def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, transport=None):
+def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, transport=None, join=None):
     """Creates a communicator over all ranks and makes it the default.
 
     Every keyword is optional: rank and world_size come from RANK and
@@ -35,9 +35,29 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, tra
     as "auto". Bad arguments (and environment
     settings) raise TypeError / ValueError naming them before anything is
     sent.
+
+    `join` (a job name, e.g. "default"): this process is a replacement that
+    joins a running communicator instead: it waits (up to the timeout) until
+    the members call comm.grow(job=join), and gets its rank and world size
+    from them (rank and world_size must be left out). `store` is the
+    members' store (or the one MASTER_ADDR / MASTER_PORT name).
     """
     global _default, _generation
     config = make_config(timeout, algo, transport)
+    if join is not None:
+        from ringcomm import recovery
+        from ringcomm.communicator import _job_name
+
+        if rank is not None or world_size is not None:
+            raise ValueError("init(join=...): leave rank and world_size out; the members assign them")
+        job = _job_name(join)
+        if store is not None:
+            validate.store(store)
+        else:
+            store = bootstrap.store_from_env(1, 2, config.timeout_s)  # a client of the members' store
+        comm = recovery.join(store, job, config, config.timeout_s)
+        _default = comm
+        return comm
     rank = bootstrap.env_int("RANK") if rank is None else validate.index(rank, "rank")
     world_size = bootstrap.env_int("WORLD_SIZE") if world_size is None else validate.index(world_size, "world_size")
     if world_size < 1:

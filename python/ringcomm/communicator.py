@@ -67,6 +67,12 @@ _EXPLAINABLE = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "redu
 _live = weakref.WeakSet()
 
 
+def _job_name(job):
+    if not isinstance(job, str) or not job or len(job) > 200 or "/" in job or not job.isprintable():
+        raise ValueError(f"job must be a non-empty printable name of at most 200 characters without '/', got {job!r}")
+    return job
+
+
 def _alive_from(gone, rank, world_size):
     """An `alive` callback for bootstrap.wait_keys from gone(r) (None: none)."""
     if gone is None:
@@ -96,6 +102,7 @@ class Communicator:
         self._splits = 0
         self._agreements = 0  # agree() calls (each has its own keys in the store)
         self._shrinks = 0  # shrink attempts (each builds under its own prefix)
+        self._grows = 0  # grow() calls that admitted someone
         self._found_dead = {}  # rank -> why, as agreements found them
         self._census = None  # every rank's census record (host, pid): liveness evidence for agree()
         self._ranks = ranks  # the ranks of the communicator this one was split / shrunk from
@@ -660,6 +667,19 @@ class Communicator:
                 raise ValueError(f"shrink: exclude ranks {bad} are out of range for world size {self.world_size}")
         timeout_s = self._config.timeout_s if timeout is None else validate.timeout_seconds(timeout)
         return recovery.shrink(self, exclude, timeout_s)
+
+    def grow(self, count=None, job="default", timeout=None):
+        """Admits processes waiting in ringcomm.init(join=job): called by every
+        rank of this (healthy) communicator at the same point, e.g. a step
+        boundary. Returns the grown communicator (this one's ranks keep their
+        numbers; joiners get the next ones, in arrival order), or this one
+        when nobody waits. `count`: admit at most this many (default: all
+        waiting). This communicator stays open: close it once done with it."""
+        if count is not None:
+            count = validate.index(count, "count", lo=1)
+        job = _job_name(job)
+        timeout_s = self._config.timeout_s if timeout is None else validate.timeout_seconds(timeout)
+        return recovery.grow(self, count, job, timeout_s)
 
     @property
     def parent_ranks(self):

@@ -208,3 +208,92 @@ class _Mapped:
 
     def gone(self, r):
         return self._liveness.gone(self._members[r])
+
+
+# -- growing back ----------------------------------------------------------------
+# A process that wants to join job `job` takes a number (store.add on
+# {JOIN}/{job}/arrived) and waits for its seat ({JOIN}/{job}/seat/{number}).
+# The members of a running communicator call grow() together at a point of
+# their choosing (a step boundary): their rank 0 counts who is waiting,
+# admits up to `count` of them (seats in arrival order, ranks after the
+# members'), and tells the other members through the communicator; then
+# members and joiners build the grown communicator under a prefix of its own
+# and confirm it with an agreement of all of them. Joiners are authenticated
+# like any peer: through the store, which hands out the new communicator's
+# TCP secret (docs/security.md).
+JOIN = "ringcomm/join"
+
+
+def _job_key(job, what):
+    return f"{JOIN}/{job}/{what}"
+
+
+def waiting(store, job):
+    """How many processes wait to join `job` (rank 0 of the members asks)."""
+    arrived = int(store.add(_job_key(job, "arrived"), 0))
+    admitted = int(store.add(_job_key(job, "admitted"), 0))
+    return max(0, arrived - admitted)
+
+
+def grow(comm, count, job, timeout_s):
+    """The members' side of growing (Communicator.grow)."""
+    import numpy as np
+
+    store, rank, world = comm._store, comm.rank, comm.world_size
+    plan = np.zeros(2, np.int64)  # admitted now, the first seat's number
+    if rank == 0:
+        ready = waiting(store, job)
+        take = ready if count is None else min(count, ready)
+        first = int(store.add(_job_key(job, "admitted"), take)) - take + 1
+        plan[:] = (take, first)
+    comm.broadcast(plan, 0)
+    take, first = int(plan[0]), int(plan[1])
+    if take == 0:
+        return comm
+    comm._grows += 1
+    base = f"{comm._prefix}/grow{comm._grows}"
+    new_world = world + take
+    cost_params = comm._c().cost_params()
+    if rank == 0:
+        for i in range(take):
+            seat = {"prefix": base, "rank": world + i, "world": new_world, "cost_params": cost_params,
+                    "timeout_s": timeout_s}
+            store.set(_job_key(job, f"seat/{first + i}"), json.dumps(seat))
+    return _build_grown(store, base, rank, new_world, comm._config, cost_params, timeout_s, rank)
+
+
+def join(store, job, config, timeout_s):
+    """The joiner's side (ringcomm.init(join=...)): waits for a seat, then builds."""
+    number = int(store.add(_job_key(job, "arrived"), 1))
+    key = _job_key(job, f"seat/{number}")
+    try:
+        bootstrap.wait_keys(store, [key], timeout_s, "waiting for a seat", "?")
+    except TimeoutError:
+        raise TimeoutError(f"ringcomm: init(join={job!r}): not admitted within {timeout_s:.3g} s (arrival "
+                           f"{number}); the members admit joiners when they call comm.grow(job={job!r})") from None
+    seat = json.loads(_text(store.get(key)))
+    return _build_grown(store, seat["prefix"], seat["rank"], seat["world"], config, seat["cost_params"],
+                        timeout_s, None)
+
+
+def _build_grown(store, base, rank, world, config, cost_params, timeout_s, member_rank):
+    from ringcomm.communicator import Communicator
+
+    deadline = time.monotonic() + timeout_s
+    child, error = None, ""
+    try:
+        child = Communicator(store, f"{base}/comm", rank, world, config, cost_params=cost_params)
+    except RingcommError as e:
+        error = str(e)[:300]
+    nobody = Liveness(None, None, rank)
+    votes, dead = agree(store, f"{base}/built", rank, list(range(world)), "ok" if child is not None else "failed",
+                        nobody, max(0.001, deadline - time.monotonic()), "grow")
+    if not dead and all(v == "ok" for v in votes.values()):
+        return child
+    if child is not None:
+        child.abort("a rank could not build the grown communicator")
+        child.close()
+    failed = sorted([r for r, v in votes.items() if v != "ok"] + list(dead))
+    raise RingcommError(f"ringcomm: grow: rank(s) {failed} of the grown communicator could not build it"
+                        + (f" (here: {error})" if error else "")
+                        + ("; the members' communicator is unchanged" if member_rank is not None else ""))
