@@ -12,6 +12,9 @@ final parameters must equal it within 1e-5 (relative), through two faults:
   rank 0 (the "behind" path: every survivor keeps the step).
 - step 7: rank 2 is SIGKILLed during its forward: the survivors shrink to 3
   and redo step 7 on the new shares; it must complete within 1 s of the kill.
+- step 12: a replacement (rank 4 of the spawned group, a process of its own)
+  joins: the members admit it at the end of step 12 (world back to 4), it
+  receives parameters and optimizer state, and trains steps 13.. with them.
 """
 import os
 import signal
@@ -22,10 +25,11 @@ import pytest
 
 import harness
 
-STEPS = 14
+STEPS = 16
 BATCH = 24
 KILL_STEP = 7
 BEHIND_STEP = 4
+JOIN_STEP = 12  # the joiner is admitted at the end of this step
 
 
 def _model():
@@ -73,10 +77,12 @@ def _elastic(comm, transport):
     torch.set_num_threads(1)
     ctx = harness.context()
     r = ctx.rank
-    comm = ringcomm.init(rank=r, world_size=ctx.world_size, store=ctx.store, timeout=60)
+    if r == 4:
+        return _replacement(ctx)
+    comm = ringcomm.init(rank=r, world_size=4, store=ctx.store, timeout=60)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    el = ElasticDataParallel(DataParallel(model, comm), opt, _batch_of)
+    el = ElasticDataParallel(DataParallel(model, comm), opt, _batch_of, job="test")
     real_step = opt.step
     injected = []
 
@@ -97,6 +103,14 @@ def _elastic(comm, transport):
         if el.step == KILL_STEP and r == 2:
             ctx.store.set("killed_at", repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
+        if el.step == JOIN_STEP - 1 and r == 0:
+            ctx.store.set("join/now", "1")
+        if el.step == JOIN_STEP and r == 0:  # the replacement is waiting before rank 0 looks
+            from ringcomm import recovery
+
+            deadline = time.monotonic() + 60
+            while recovery.waiting(ctx.store, "test") < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
         return out
 
     losses, done_at = {}, {}
@@ -105,6 +119,7 @@ def _elastic(comm, transport):
         losses[el.step - 1] = loss  # the step it completed (after a recovery: perhaps not the one it began)
         done_at[el.step - 1] = time.time()
     killed_at = float(ctx.store.get("killed_at"))
+    el.comm.close()
     return {
         "losses": losses,
         "params": [p.detach().clone() for p in model.parameters()],
@@ -114,26 +129,65 @@ def _elastic(comm, transport):
     }
 
 
+def _replacement(ctx):
+    import torch
+
+    from ringcomm.parallel import ElasticDataParallel
+
+    ctx.store.wait(["join/now"], timedelta(seconds=60))
+    model = _model()
+    torch.manual_seed(1234)
+    for p in model.parameters():  # its own initial values: the members' must win
+        p.data.normal_()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    t0 = time.monotonic()
+    el = ElasticDataParallel.join(model, opt, _batch_of, store=ctx.store, job="test", timeout=60)
+    joined_s = time.monotonic() - t0
+    first = el.step
+    losses = {}
+    while el.step < STEPS:
+        loss = el.train_step(_loss)
+        losses[el.step - 1] = loss
+    el.comm.close()
+    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()], "first": first,
+            "joined_s": joined_s, "rank": el.comm.rank, "world": el.comm.world_size, "recoveries": el.recoveries}
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_dp_survives_a_lost_rank(transport):
     import torch
 
     env = {"RINGCOMM_TRANSPORT": transport} if transport == "tcp" else {}
     try:
-        harness.run_ranks(_elastic, 4, (transport,), env=env, init=False, hard_timeout=180, grace=60)
+        harness.run_ranks(_elastic, 5, (transport,), env=env, init=False, hard_timeout=180, grace=60)
         raise AssertionError("rank 2 was to be killed, but every rank reported")
     except harness.RankDied as e:
         assert set(e.died) == {2}, str(e)
         res = e.results
     ref_losses, ref_params = _reference()
     fails = []
+    joiner = res[4]
+    print(f"the replacement joined as rank {joiner['rank']} at step {joiner['first']} after waiting "
+          f"{joiner['joined_s']:.2f} s")
+    if (joiner["first"], joiner["world"]) != (JOIN_STEP + 1, 4):
+        fails.append(f"the replacement began at step {joiner['first']} in a world of {joiner['world']}")
+    if sorted(joiner["losses"]) != list(range(JOIN_STEP + 1, STEPS)):
+        fails.append(f"the replacement trained steps {sorted(joiner['losses'])}")
+    for step, loss in sorted(joiner["losses"].items()):
+        if abs(loss - ref_losses[step]) > 1e-5 * abs(ref_losses[step]):
+            fails.append(f"replacement: step {step} loss {loss!r}, fault-free {ref_losses[step]!r}")
+    for i, (a, b) in enumerate(zip(joiner["params"], ref_params)):
+        if not torch.allclose(a, b, rtol=1e-5, atol=1e-7):
+            fails.append(f"replacement: parameter {i} differs from the fault-free run by "
+                         f"{(a - b).abs().max().item():.3g}")
     for r in (0, 1, 3):
         out = res[r]
         print(f"rank {r}: next step done {out['after_kill_s'] * 1e3:.0f} ms after the kill; recoveries: "
-              + "; ".join(f"step {x['step']} lost {x['lost']} -> world {x['world']}, state sent {x['state_sent']}, "
+              + "; ".join(f"step {x['step']} lost {x['lost']} joined {x['joined']} -> world {x['world']}, "
+                          f"state sent {x['state_sent']}, "
                           f"shrink {x['shrink_s'] * 1e3:.0f} ms, total {x['total_s'] * 1e3:.0f} ms"
                           for x in out["recoveries"]))
-        if out["world"] != 3:
+        if out["world"] != 4:
             fails.append(f"rank {r} ended in a world of {out['world']}")
         for step, loss in sorted(out["losses"].items()):
             if abs(loss - ref_losses[step]) > 1e-5 * abs(ref_losses[step]):
@@ -146,8 +200,9 @@ def test_dp_survives_a_lost_rank(transport):
                 fails.append(f"rank {r}: parameter {i} differs from the fault-free run by "
                              f"{(a - b).abs().max().item():.3g}")
         rec = out["recoveries"]
-        if [(x["step"], x["lost"], x["world"]) for x in rec] != [(BEHIND_STEP + 1, [], 4), (KILL_STEP, [2], 3)]:
-            fails.append(f"rank {r}: recoveries {[(x['step'], x['lost'], x['world']) for x in rec]}")
+        got = [(x["step"], x["lost"], x["joined"], x["world"]) for x in rec]
+        if got != [(BEHIND_STEP + 1, [], [], 4), (KILL_STEP, [2], [], 3), (JOIN_STEP + 1, [], [3], 4)]:
+            fails.append(f"rank {r}: recoveries {got}")
         elif not rec[0]["state_sent"]:
             fails.append(f"rank {r}: the step-{BEHIND_STEP} recovery sent no state to ranks 1 and 3")
         if out["after_kill_s"] > 1.0:

@@ -88,7 +88,8 @@ class DataParallel(nn.Module):
         self._pending = False  # an iteration's reduction started and was not finished
         self.events = []  # this iteration: ("grad", name) and ("launch", bucket index)
         self._names = {id(p): n for n, p in module.named_parameters()}
-        self._broadcast(params, list(module.buffers()) if broadcast_buffers else [])
+        self.broadcast_buffers = broadcast_buffers
+        self.resync()
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     # -- set-up -----------------------------------------------------------------
@@ -105,8 +106,13 @@ class DataParallel(nn.Module):
             open_by_kind[kind] = (cur[0], cur[1] + nbytes)
         return [_Bucket(i, ps) for i, ps in enumerate(buckets)]
 
-    def _broadcast(self, params, buffers):
-        broadcast_tensors(self.comm, list(params) + list(buffers))
+    def resync(self, root=0):
+        """Every rank's parameters (and buffers, with broadcast_buffers) <- root's:
+        what wrapping does (with root 0), and what a rank that joins or lags
+        behind needs (ElasticDataParallel)."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        buffers = list(self.module.buffers()) if self.broadcast_buffers else []
+        broadcast_tensors(self.comm, params + buffers, root)
 
     # -- backward ---------------------------------------------------------------
     def _on_grad(self, p):

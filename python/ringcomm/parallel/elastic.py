@@ -21,6 +21,12 @@ keeps or redoes each step alike, no completed step is lost, and the loss of
 each step is the fault-free run's (up to the summation order of the
 reductions). `recoveries` lists each recovery: who was lost and how long
 the phases took.
+
+A replacement process calls ElasticDataParallel.join(model, optimizer,
+batch_of, store=..., job=...); the members (built with job=...) admit it at
+the end of a step (comm.grow), send it parameters, buffers, optimizer state
+and the step count from their rank 0, and the next step is shared over the
+grown world.
 """
 import io
 import time
@@ -28,7 +34,7 @@ import time
 import torch
 
 from ringcomm.errors import RingcommError
-from ringcomm.parallel.dp import broadcast_tensors
+from ringcomm.parallel.dp import DataParallel
 
 MAX_RECOVERIES_PER_STEP = 8
 
@@ -45,11 +51,10 @@ def share(batch, rank, world):
     return mine, mine[0].shape[0] / n
 
 
-def broadcast_state(comm, module, optimizer, root):
-    """Every rank's parameters, buffers and optimizer state <- root's."""
-    broadcast_tensors(comm, [p.data for p in module.parameters()] + list(module.buffers()), root)
-    if optimizer is None:
-        return
+def broadcast_training_state(comm, optimizer, step, root):
+    """Every rank's optimizer state and step count <- root's; returns the step."""
+    n = torch.tensor([step], dtype=torch.int64)
+    comm.broadcast(n, root)
     if comm.rank == root:
         buf = io.BytesIO()
         torch.save(optimizer.state_dict(), buf)
@@ -63,6 +68,7 @@ def broadcast_state(comm, module, optimizer, root):
     comm.broadcast(data, root)
     if comm.rank != root:
         optimizer.load_state_dict(torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True))
+    return int(n)
 
 
 class ElasticDataParallel:
@@ -74,15 +80,34 @@ class ElasticDataParallel:
         batch_of: step -> the global batch of that step.
         timeout: seconds each recovery's agreement and shrink may take (default: the
             communicator's timeout).
+        job: admit replacements that wait in ElasticDataParallel.join(job=...) (or
+            ringcomm.init(join=job)) at the end of each step (None: never). Rank 0
+            looks in the store once a step; the answer rides on the step's loss
+            reduction, so every rank admits at the same step.
     """
 
-    def __init__(self, dp, optimizer, batch_of, timeout=None):
+    def __init__(self, dp, optimizer, batch_of, timeout=None, job=None):
         self.dp = dp
         self.optimizer = optimizer
         self.batch_of = batch_of
         self.timeout = timeout
+        self.job = job
         self.step = 0  # steps completed
         self.recoveries = []
+
+    @classmethod
+    def join(cls, module, optimizer, batch_of, store=None, job="default", timeout=None, **dp_kwargs):
+        """A replacement's side: waits until the members admit it (at the end of
+        one of their steps), takes its parameters, buffers, optimizer state and
+        step count from their rank 0, and returns its ElasticDataParallel, which
+        goes on with the members' next step (and admits later joiners too)."""
+        from ringcomm.collectives import init
+
+        comm = init(join=job, store=store, timeout=timeout)
+        dp = DataParallel(module, comm, **dp_kwargs)  # its broadcast is the members' resync()
+        el = cls(dp, optimizer, batch_of, timeout=timeout, job=job)
+        el.step = broadcast_training_state(comm, optimizer, 0, 0)
+        return el
 
     @property
     def comm(self):
@@ -109,11 +134,41 @@ class ElasticDataParallel:
         # AVG over the ranks of (loss x share x world) = the global batch's mean.
         (loss * (frac * comm.world_size)).backward()
         self.dp.finish()
-        total = (loss.detach() * frac).reshape(1).to(torch.float64)
+        # The global loss, and (from rank 0) how many replacements wait to join.
+        total = torch.zeros(2, dtype=torch.float64)
+        total[0] = float(loss.detach()) * frac
+        if self.job is not None and comm.rank == 0:
+            from ringcomm import recovery
+
+            total[1] = recovery.waiting(comm._store, self.job)
         comm.all_reduce(total)
         self.optimizer.step()  # nothing can fail after this: the step is complete here
         self.step += 1
-        return float(total)
+        if total[1] > 0:
+            self._admit()
+        return float(total[0])
+
+    def _admit(self):
+        """At a step boundary: grow the communicator by the waiting replacements
+        and hand them the state. A failure here is recovered like any other."""
+        t0 = time.monotonic()
+        old = self.dp.comm
+        try:
+            new = old.grow(job=self.job, timeout=self.timeout)
+        except (RingcommError, ValueError) as e:  # a joiner that failed: the members go on without it
+            self.recoveries.append({"step": self.step, "joined": [], "world": old.world_size,
+                                    "error": str(e)[:300], "total_s": time.monotonic() - t0})
+            return
+        if new is old:
+            return
+        old.close()
+        self.dp.comm = new
+        self.dp.reset()
+        self.dp.resync(0)
+        broadcast_training_state(new, self.optimizer, self.step, 0)
+        self.recoveries.append({"step": self.step, "lost": [], "joined": list(range(old.world_size, new.world_size)),
+                                "world": new.world_size, "state_sent": True, "shrink_s": 0.0,
+                                "total_s": time.monotonic() - t0})
 
     def _recover(self, error):
         t0 = time.monotonic()
@@ -136,9 +191,10 @@ class ElasticDataParallel:
         behind = torch.tensor([int(self.step < latest)], dtype=torch.int64)
         new.all_reduce(behind, op="max")
         if int(behind):
-            broadcast_state(new, self.dp.module, self.optimizer, int(first))
+            self.dp.resync(int(first))
+            broadcast_training_state(new, self.optimizer, self.step, int(first))
         self.step = latest
         self.recoveries.append({
-            "step": latest, "lost": lost, "world": new.world_size, "state_sent": bool(int(behind)),
+            "step": latest, "lost": lost, "joined": [], "world": new.world_size, "state_sent": bool(int(behind)),
             "shrink_s": t_shrink - t0, "total_s": time.monotonic() - t0, "error": str(error)[:300],
         })
