@@ -208,3 +208,32 @@ def test_dp_survives_a_lost_rank(transport):
         if out["after_kill_s"] > 1.0:
             fails.append(f"rank {r}: step {KILL_STEP} completed {out['after_kill_s']:.2f} s after the kill (> 1 s)")
     assert not fails, "\n".join(fails)
+
+
+def test_the_elastic_example_survives_a_kill():
+    """examples/elastic_dp.py as a user runs it (its own launcher and store):
+    worker 2 killed at step 5, a replacement admitted after step 8; every
+    step's loss is checked against the fault-free run by the workers."""
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
+    env.update(OMP_NUM_THREADS="1")
+    cmd = [sys.executable, os.path.join(root, "examples", "elastic_dp.py"), "--steps", "11", "--kill-step", "5",
+           "--join-step", "8", "--timeout", "100"]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the example did not finish within 150 s:\n{out[-3000:]}")
+    print(out)
+    assert proc.returncode == 0 and "[launcher] done" in out, out[-3000:]
+    assert "during step 5: lost ranks [2], world now 3" in out, out[-3000:]
+    assert "after step 8: admitted ranks [3], world now 4" in out, out[-3000:]
+    steps = [int(m) for m in re.findall(r"^step +(\d+) +world", out, re.M)]
+    assert steps == list(range(11)), steps

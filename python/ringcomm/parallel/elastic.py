@@ -93,6 +93,7 @@ class ElasticDataParallel:
         self.timeout = timeout
         self.job = job
         self.step = 0  # steps completed
+        self.last_world = None  # how many ranks shared the last completed step
         self.recoveries = []
 
     @classmethod
@@ -144,6 +145,7 @@ class ElasticDataParallel:
         comm.all_reduce(total)
         self.optimizer.step()  # nothing can fail after this: the step is complete here
         self.step += 1
+        self.last_world = comm.world_size
         if total[1] > 0:
             self._admit()
         return float(total[0])
