@@ -80,7 +80,8 @@ def worker(rank, world, port, args, replacement):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if replacement:
-        store.wait([f"done/{args.join_step - 1}"], timedelta(seconds=args.timeout))
+        if not args.replace_at_kill:
+            store.wait([f"done/{args.join_step - 1}"], timedelta(seconds=args.timeout))
         el = ElasticDataParallel.join(model, opt, batch_of, store=store, job=JOB, timeout=60)
         print(f"[replacement] admitted as rank {el.comm.rank} of {el.comm.world_size}, from step {el.step}",
               flush=True)
@@ -92,7 +93,7 @@ def worker(rank, world, port, args, replacement):
     while el.step < args.steps:
         store.set(f"started/{el.step}/{os.getpid()}", "1")
         time.sleep(args.step_time)  # the rest of a real step's work
-        if el.step == args.join_step and el.comm.rank == 0 and not replacement:
+        if el.step == args.join_step and el.comm.rank == 0 and not replacement and not args.replace_at_kill:
             # For the demonstration only: the replacement (still importing torch,
             # perhaps) is admitted at exactly --join-step. A real job admits
             # whoever waits at the end of any step, and waits for nobody.
@@ -116,6 +117,7 @@ def worker(rank, world, port, args, replacement):
             print(f"step {step:3d}  world {el.last_world}  loss {loss:.6f}  fault-free {ref[step]:.6f}  "
                   f"{(time.monotonic() - t0) * 1e3:6.1f} ms", flush=True)
             store.set(f"done/{step}", "1")
+            store.set(f"report/{step}", f"{time.time()!r} {el.last_world}")
         if abs(loss - ref[step]) > 1e-5 * abs(ref[step]):
             print(f"rank {el.comm.rank}: step {step} loss {loss} differs from the fault-free {ref[step]}",
                   file=sys.stderr, flush=True)
@@ -131,6 +133,9 @@ def main():
     ap.add_argument("--join-step", type=int, default=12, help="-1: no replacement")
     ap.add_argument("--transport", choices=("shm", "tcp"), default="shm")
     ap.add_argument("--step-time", type=float, default=0.05, help="seconds of other work per step")
+    ap.add_argument("--replace-at-kill", action="store_true",
+                    help="start the replacement right after the kill; it is admitted once it is up")
+    ap.add_argument("--report", help="write the kill time and each step's completion (JSON) here")
     ap.add_argument("--timeout", type=float, default=120.0, help="the whole run, in seconds")
     args = ap.parse_args()
     if not 0 <= args.kill_step < args.steps or args.world < 3:
@@ -153,8 +158,14 @@ def main():
         time.sleep(0.001)
     time.sleep(0.002)
     os.kill(victim.pid, signal.SIGKILL)
+    killed_at = time.time()
     print(f"[launcher] SIGKILLed worker 2 (pid {victim.pid}) during step {args.kill_step}", flush=True)
-    if 0 < args.join_step < args.steps - 1:
+    if args.replace_at_kill:
+        joiner = ctx.Process(target=worker, args=(-1, 0, store.port, args, True))
+        joiner.start()
+        print(f"[launcher] started a replacement (pid {joiner.pid}) at the kill", flush=True)
+        procs.append(joiner)
+    elif 0 < args.join_step < args.steps - 1:
         # Started now (importing torch takes seconds); it asks to join after step join_step - 1.
         joiner = ctx.Process(target=worker, args=(-1, 0, store.port, args, True))
         joiner.start()
@@ -171,6 +182,16 @@ def main():
             print(f"[launcher] pid {p.pid} did not finish within --timeout", file=sys.stderr)
         elif p is not victim and p.exitcode != 0:
             status = 1
+    if args.report:
+        import json
+
+        steps = {}
+        for s in range(args.steps):
+            if store.check([f"report/{s}"]):
+                t, world = store.get(f"report/{s}").decode().split()
+                steps[s] = [float(t), None if world == "None" else int(world)]
+        with open(args.report, "w") as f:
+            json.dump({"killed_at": killed_at, "kill_step": args.kill_step, "steps": steps}, f)
     print("[launcher] done" if status == 0 else "[launcher] FAILED", flush=True)
     sys.exit(status)
 

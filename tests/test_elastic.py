@@ -237,3 +237,35 @@ def test_the_elastic_example_survives_a_kill():
     assert "after step 8: admitted ranks [3], world now 4" in out, out[-3000:]
     steps = [int(m) for m in re.findall(r"^step +(\d+) +world", out, re.M)]
     assert steps == list(range(11)), steps
+
+
+def test_torchrun_restart_resumes_from_a_checkpoint(tmp_path):
+    """torchrun --max-restarts on ringcomm (issue 23, point 3): worker 2 is
+    SIGKILLed at step 7, torchrun restarts all 4 workers, and they resume from
+    the checkpoint of step 5 through the same agent store (the restarted
+    workers used to read the killed attempt's records: "cannot open rank 0's
+    shared segment")."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip(f"torchrun is not installed next to {sys.executable}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
+    env.update(OMP_NUM_THREADS="1")
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "4", "--max-restarts", "1",
+           os.path.join(root, "benchmarks", "torchrun_restart_worker.py"), "--dir", str(tmp_path), "--steps", "10",
+           "--step-time", "0"]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"torchrun did not finish within 180 s:\n{out[-3000:]}")
+    assert proc.returncode == 0, out[-4000:]
+    log = [line.split() for line in (tmp_path / "log.txt").read_text().splitlines()]
+    done = [(int(s), int(a)) for s, _, a, _ in log]
+    assert done == [(s, 0) for s in range(7)] + [(s, 1) for s in range(5, 10)], done

@@ -133,6 +133,19 @@ def _route_source(host):
     return None
 
 
+def attempt():
+    """A store prefix part for this launch attempt: "" or "restart<N>/" under
+    torchrun --max-restarts (TORCHELASTIC_RESTART_COUNT). torchrun's agent
+    keeps its store across restarts: without it, the restarted workers would
+    read the records of the attempt before (segments of dead processes)."""
+    raw = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    if not raw or raw == "0":
+        return ""
+    if not raw.isdigit() or len(raw) > 9:
+        raise ValueError(f"environment variable TORCHELASTIC_RESTART_COUNT={raw!r} is not a restart count")
+    return f"restart{int(raw)}/"
+
+
 def env_int(name):
     raw = os.environ.get(name)
     if raw is None:

@@ -71,7 +71,7 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, tra
     if store is None:
         store = bootstrap.store_from_env(rank, world_size, config.timeout_s)
     _generation += 1
-    comm = Communicator(store, f"ringcomm/{_generation}", rank, world_size, config)
+    comm = Communicator(store, f"ringcomm/{bootstrap.attempt()}{_generation}", rank, world_size, config)
     _default = comm
     return comm
 

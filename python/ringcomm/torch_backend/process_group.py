@@ -97,8 +97,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         # torch hands every group its own PrefixStore, but reuses group names
         # after destroy_process_group(): count this rank's groups on the store
         # so that a re-created group never reads its predecessor's keys.
-        incarnation = store.add(f"ringcomm/incarnation/{rank}", 1)
-        self._prefix = f"ringcomm/{incarnation}"
+        incarnation = store.add(f"ringcomm/{bootstrap.attempt()}incarnation/{rank}", 1)
+        self._prefix = f"ringcomm/{bootstrap.attempt()}{incarnation}"
         self._comm = Communicator(store, self._prefix, rank, size, make_config(timeout))
         self._store = store
         self._seq = 0  # torch calls issued (torch's sequence number for the group)
