@@ -397,3 +397,35 @@ def test_grow_admits_a_replacement(transport):
     env = {"RINGCOMM_TRANSPORT": transport} if transport == "tcp" else {}
     harness.print_and_check(harness.run_ranks(_grow, 5, (transport,), env=env, rank_env={4: {"RINGCOMM_SLOTS": 7}},
                                               init=False, hard_timeout=120))
+
+
+def test_garbage_in_the_store_is_a_clear_error():
+    """In-process, over a HashStore with the other rank's entries forged: a
+    vote that is no flag, an entry that is neither vote nor death, and a
+    malformed seat for a joiner each raise RingcommError naming what is wrong
+    (never a raw ValueError / KeyError), at once."""
+    import json
+
+    import torch.distributed as dist
+
+    import ringcomm
+    from ringcomm import recovery
+
+    for forged, words in (("vote:banana", "rank 1 voted 'banana': not a flag"),
+                          ("vote:" + "9" * 30, "not a flag"), ("junk", "malformed")):
+        st = dist.HashStore()
+        st.set("p/state/1", forged)
+        t0 = time.monotonic()
+        with pytest.raises(ringcomm.RingcommError, match=words):
+            recovery.agree(st, "p", 0, [0, 1], "1", recovery.Liveness(None, None, 0), 5.0, parse=recovery.flag_vote)
+        assert time.monotonic() - t0 < 2
+    for seat in (b"\xff", json.dumps({"prefix": "x"}), json.dumps({"prefix": "x", "rank": 5, "world": 2,
+                                                                   "cost_params": {}})):
+        st = dist.HashStore()
+        st.set(f"{recovery.JOIN}/j/seat/1", seat)
+        with pytest.raises(ringcomm.RingcommError, match="malformed"):
+            ringcomm.init(join="j", store=st, timeout=2)
+    with pytest.raises(ValueError, match="job"):
+        ringcomm.init(join="a/b", store=dist.HashStore(), timeout=1)
+    with pytest.raises(ValueError, match="leave rank"):
+        ringcomm.init(rank=0, join="j", store=dist.HashStore(), timeout=1)

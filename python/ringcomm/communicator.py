@@ -645,11 +645,12 @@ class Communicator:
         self._agreements += 1
         liveness = recovery.Liveness(self._native, self._census, self.rank, self._found_dead)
         votes, dead = recovery.agree(self._store, f"{self._prefix}/agree{self._agreements}", self.rank,
-                                     range(self.world_size), str(value), liveness, timeout_s)
+                                     range(self.world_size), str(value), liveness, timeout_s,
+                                     parse=recovery.flag_vote)
         self._found_dead.update(dead)
         result = (1 << 63) - 1
         for v in votes.values():
-            result &= int(v)
+            result &= v
         return (bool(result) if isinstance(flag, bool) else result), sorted(dead)
 
     def shrink(self, exclude=None, timeout=None):

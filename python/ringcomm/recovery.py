@@ -93,10 +93,18 @@ class Liveness:
         return ""
 
 
-def agree(store, prefix, rank, members, vote, liveness, timeout_s, what="agree"):
+def flag_vote(text):
+    """An agree() vote: a flag 0 .. 2**63 - 1 (ValueError otherwise)."""
+    if not text.isdigit() or len(text) > 19 or int(text) >= 1 << 63:
+        raise ValueError("not a flag")
+    return int(text)
+
+
+def agree(store, prefix, rank, members, vote, liveness, timeout_s, what="agree", parse=str):
     """Fault-tolerant agreement of `members` (ranks, this one among them) on
-    their `vote`s (short strings). Returns ({rank: vote} of the members that
-    voted, {rank: why} of those found dead), the same on every survivor."""
+    their `vote`s (short strings). Returns ({rank: parse(vote)} of the members
+    that voted, {rank: why} of those found dead), the same on every survivor;
+    a vote `parse` refuses (ValueError) is a RingcommError naming its rank."""
     key = f"{prefix}/state/{{}}"
     got = _compare_set(store, key.format(rank), "vote:" + vote, what)
     if not got.startswith("vote:"):
@@ -105,7 +113,7 @@ def agree(store, prefix, rank, members, vote, liveness, timeout_s, what="agree")
             f"({got[len(_DEAD) + 1:] or 'no reason'}); it is no longer a member of the communicator "
             "(a replacement joins through grow)"
         )
-    votes, dead = {rank: got[5:]}, {}
+    votes, dead = {rank: parse(got[5:])}, {}
     waiting = [r for r in members if r != rank]
     deadline = time.monotonic() + timeout_s
     pause = _POLL_MIN_S
@@ -123,8 +131,16 @@ def agree(store, prefix, rank, members, vote, liveness, timeout_s, what="agree")
                 value = _compare_set(store, key.format(r), f"{_DEAD}:{why}", what)
             if value.startswith("vote:"):
                 votes[r] = value[5:]
+                try:
+                    votes[r] = parse(votes[r])
+                except ValueError as e:
+                    raise RingcommError(f"ringcomm: {what} on rank {rank}: rank {r} voted {votes[r][:40]!r}: "
+                                        f"{e}") from None
+            elif value.startswith(_DEAD + ":"):
+                dead[r] = value[len(_DEAD) + 1:][:300]
             else:
-                dead[r] = value[len(_DEAD) + 1:]
+                raise RingcommError(f"ringcomm: {what} on rank {rank}: rank {r}'s entry in the store is malformed "
+                                    f"({value[:60]!r}): not a vote and not a death")
         waiting = still
         if waiting:
             time.sleep(pause)
@@ -271,9 +287,16 @@ def join(store, job, config, timeout_s):
     except TimeoutError:
         raise TimeoutError(f"ringcomm: init(join={job!r}): not admitted within {timeout_s:.3g} s (arrival "
                            f"{number}); the members admit joiners when they call comm.grow(job={job!r})") from None
-    seat = json.loads(_text(store.get(key)))
-    return _build_grown(store, seat["prefix"], seat["rank"], seat["world"], config, seat["cost_params"],
-                        timeout_s, None)
+    try:
+        seat = json.loads(_text(store.get(key)))
+        base, rank, world, params = seat["prefix"], seat["rank"], seat["world"], seat["cost_params"]
+        if not (isinstance(base, str) and isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world
+                and world <= (1 << 31) - 1 and isinstance(params, dict)):
+            raise ValueError("fields out of range")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise RingcommError(f"ringcomm: init(join={job!r}): the seat the members published ({key}) is malformed: "
+                            f"{e}") from None
+    return _build_grown(store, base, rank, world, config, params, timeout_s, None)
 
 
 def _build_grown(store, base, rank, world, config, cost_params, timeout_s, member_rank):
