@@ -429,3 +429,35 @@ def test_garbage_in_the_store_is_a_clear_error():
         ringcomm.init(join="a/b", store=dist.HashStore(), timeout=1)
     with pytest.raises(ValueError, match="leave rank"):
         ringcomm.init(rank=0, join="j", store=dist.HashStore(), timeout=1)
+
+
+def test_agree_is_interruptible_and_bounded():
+    """agree waiting for a rank that never votes (in-process, HashStore): a
+    signal handler's exception (as Ctrl-C's KeyboardInterrupt) ends it within
+    ~50 ms, and without one the timeout ends it, declaring the rank gone."""
+    import threading
+
+    import torch.distributed as dist
+
+    from ringcomm import recovery
+
+    class Interrupt(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupt()
+
+    old = signal.signal(signal.SIGUSR2, handler)
+    try:
+        fired = []
+        t = threading.Timer(0.3, lambda: (fired.append(time.monotonic()), os.kill(os.getpid(), signal.SIGUSR2)))
+        t.start()
+        with pytest.raises(Interrupt):
+            recovery.agree(dist.HashStore(), "p", 0, [0, 1], "1", recovery.Liveness(None, None, 0), 30.0)
+        assert time.monotonic() - fired[0] < 0.2
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+    t0 = time.monotonic()
+    votes, dead = recovery.agree(dist.HashStore(), "p", 0, [0, 1], "1", recovery.Liveness(None, None, 0), 0.5)
+    assert votes == {0: "1"} and list(dead) == [1] and "did not join" in dead[1], (votes, dead)
+    assert time.monotonic() - t0 < 2
