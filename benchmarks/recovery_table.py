@@ -21,7 +21,6 @@ examples/elastic_dp.py); worker 2 is SIGKILLed during step 7.
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -131,18 +130,9 @@ METHODS = [
 ]
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main():
+    from ringcomm.bench.report import _cpu_model as cpu_model
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", help="comma-separated method names (default: all)")

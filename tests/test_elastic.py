@@ -1,8 +1,8 @@
 """DataParallel training that survives lost ranks (issue 23, point 2):
 ringcomm.parallel.ElasticDataParallel.
 
-World 4, fp32, a fixed global batch of 24 per step, SGD with momentum (its
-state must travel too). The reference is the same model trained on the whole
+World 4, fp32, the model and fixed global batches of examples/elastic_dp.py,
+SGD with momentum (its state must travel too). The reference is the same model trained on the whole
 global batch in one process: the distributed run's loss at every step and its
 final parameters must equal it within 1e-5 (relative), through two faults:
 
@@ -18,6 +18,7 @@ final parameters must equal it within 1e-5 (relative), through two faults:
 """
 import os
 import signal
+import sys
 import time
 from datetime import timedelta
 
@@ -25,31 +26,16 @@ import pytest
 
 import harness
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import elastic_dp  # noqa: E402  (the model, global batches and loss of the example)
+
 STEPS = 16
-BATCH = 24
 KILL_STEP = 7
 BEHIND_STEP = 4
 JOIN_STEP = 12  # the joiner is admitted at the end of this step
 
 
-def _model():
-    import torch
-
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-
-
-def _batch_of(step):
-    import torch
-
-    g = torch.Generator().manual_seed(100 + step)
-    return torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)
-
-
-def _loss(model, x, y):
-    import torch
-
-    return torch.nn.functional.mse_loss(model(x), y)
+_model, _batch_of, _loss = elastic_dp.make_model, elastic_dp.batch_of, elastic_dp.mse
 
 
 def _reference():
@@ -216,7 +202,6 @@ def test_the_elastic_example_survives_a_kill():
     step's loss is checked against the fault-free run by the workers."""
     import re
     import subprocess
-    import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
@@ -246,7 +231,6 @@ def test_torchrun_restart_resumes_from_a_checkpoint(tmp_path):
     workers used to read the killed attempt's records: "cannot open rank 0's
     shared segment")."""
     import subprocess
-    import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
