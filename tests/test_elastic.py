@@ -144,6 +144,7 @@ def test_dp_survives_a_lost_rank(transport):
     import torch
 
     env = {"RINGCOMM_TRANSPORT": transport} if transport == "tcp" else {}
+    env["RINGCOMM_JOIN_TOKEN"] = "t0ken"  # the members admit the replacement only if it proves it has it
     try:
         harness.run_ranks(_elastic, 5, (transport,), env=env, init=False, hard_timeout=180, grace=60)
         raise AssertionError("rank 2 was to be killed, but every rank reported")

@@ -319,13 +319,23 @@ def _grow(comm, transport):
     replacement that calls init(join=...). The members grow at a point of
     their choosing: nobody waits at first (grow returns the same
     communicator), then the joiner is admitted as rank 3 of 4. A joiner whose
-    settings differ from the members' is refused, and the members' grown
-    communicator goes on."""
+    settings differ from the members' (rank 4), and one without the members'
+    join token (rank 5), are refused, and the members' communicator goes on."""
     import ringcomm
 
     ctx = harness.context()
     r = ctx.rank
     fails, msgs = [], []
+    if r == 5:  # RINGCOMM_JOIN_TOKEN is not the members' token: refused
+        ctx.store.wait(["grow/third"], timedelta(seconds=60))
+        try:
+            ringcomm.init(join="default", store=ctx.store, timeout=60)
+            fails.append("the joiner with a wrong token was admitted")
+        except ringcomm.RingcommError as e:
+            if "wrong join token" not in str(e):
+                fails.append(f"the wrong-token joiner's error: {first_line(e)}")
+            msgs.append(f"refused: {first_line(e)[:120]}")
+        return {"fails": fails, "msgs": msgs}
     if r == 4:  # RINGCOMM_SLOTS differs from the members': refused
         ctx.store.wait(["grow/second"], timedelta(seconds=60))
         try:
@@ -390,13 +400,25 @@ def _refused(ctx, grown, fails):
         if "nslots" not in str(e):
             fails.append(f"rank {r}: the refusal does not name the setting: {first_line(e)}")
     _check_works(grown, "the communicator after a refused joiner", fails)
+    # A joiner that does not hold the members' join token is refused; the members go on.
+    if r == 0:
+        ctx.store.set("grow/third", "1")
+        deadline = time.monotonic() + 60
+        while recovery.waiting(ctx.store, "default") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    grown.barrier()
+    same = grown.grow(token="s3cret")
+    if same is not grown:
+        fails.append(f"rank {r}: grow admitted a joiner with a wrong token")
+    _check_works(grown, "the communicator after a wrong-token joiner", fails)
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_grow_admits_a_replacement(transport):
     env = {"RINGCOMM_TRANSPORT": transport} if transport == "tcp" else {}
-    harness.print_and_check(harness.run_ranks(_grow, 5, (transport,), env=env, rank_env={4: {"RINGCOMM_SLOTS": 7}},
-                                              init=False, hard_timeout=120))
+    harness.print_and_check(harness.run_ranks(_grow, 6, (transport,), env=env,
+                                              rank_env={4: {"RINGCOMM_SLOTS": 7}, 5: {"RINGCOMM_JOIN_TOKEN": "wrong"}},
+                                              init=False, hard_timeout=150))
 
 
 def test_garbage_in_the_store_is_a_clear_error():

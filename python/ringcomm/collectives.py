@@ -17,7 +17,8 @@ _generation = 0
 MAX_WORLD_SIZE = (1 << 31) - 1
 
 
-def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, transport=None, join=None):
+def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, transport=None, join=None,
+         token=None):
     """Creates a communicator over all ranks and makes it the default.
 
     Every keyword is optional: rank and world_size come from RANK and
@@ -40,7 +41,8 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, tra
     joins a running communicator instead: it waits (up to the timeout) until
     the members call comm.grow(job=join), and gets its rank and world size
     from them (rank and world_size must be left out). `store` is the
-    members' store (or the one MASTER_ADDR / MASTER_PORT name).
+    members' store (or the one MASTER_ADDR / MASTER_PORT name); `token` (or
+    RINGCOMM_JOIN_TOKEN) answers the members' challenge when they grow with one.
     """
     global _default, _generation
     config = make_config(timeout, algo, transport)
@@ -55,7 +57,7 @@ def init(rank=None, world_size=None, store=None, timeout=None, *, algo=None, tra
             validate.store(store)
         else:
             store = bootstrap.store_from_env(1, 2, config.timeout_s)  # a client of the members' store
-        comm = recovery.join(store, job, config, config.timeout_s)
+        comm = recovery.join(store, job, config, config.timeout_s, recovery.join_token(token))
         _default = comm
         return comm
     rank = bootstrap.env_int("RANK") if rank is None else validate.index(rank, "rank")

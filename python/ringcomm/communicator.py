@@ -669,18 +669,21 @@ class Communicator:
         timeout_s = self._config.timeout_s if timeout is None else validate.timeout_seconds(timeout)
         return recovery.shrink(self, exclude, timeout_s)
 
-    def grow(self, count=None, job="default", timeout=None):
+    def grow(self, count=None, job="default", timeout=None, token=None):
         """Admits processes waiting in ringcomm.init(join=job): called by every
         rank of this (healthy) communicator at the same point, e.g. a step
         boundary. Returns the grown communicator (this one's ranks keep their
         numbers; joiners get the next ones, in arrival order), or this one
         when nobody waits. `count`: admit at most this many (default: all
-        waiting). This communicator stays open: close it once done with it."""
+        waiting). `token` (or RINGCOMM_JOIN_TOKEN): admit only joiners that
+        prove they hold it (an HMAC answer to a random challenge; the token
+        never enters the store); the others are refused, and the members go
+        on. This communicator stays open: close it once done with it."""
         if count is not None:
             count = validate.index(count, "count", lo=1)
         job = _job_name(job)
         timeout_s = self._config.timeout_s if timeout is None else validate.timeout_seconds(timeout)
-        return recovery.grow(self, count, job, timeout_s)
+        return recovery.grow(self, count, job, timeout_s, recovery.join_token(token))
 
     @property
     def parent_ranks(self):

@@ -117,6 +117,10 @@ SETTINGS = (
             "`pick_gpu_transport`); also `init(transport=)`"),
     Setting("RINGCOMM_SOCKET_IFNAME", "the address that routes to `MASTER_ADDR` / the store's host",
             "interface(s) TCP listens on and advertises, e.g. `eth0` (comma list)", "python/ringcomm/bootstrap.py"),
+    Setting("RINGCOMM_JOIN_TOKEN", "none",
+            "`comm.grow()` admits only joiners that prove they hold this token (a challenge answered by HMAC; "
+            "the token never enters the store); `init(join=...)` answers with it ([recovery.md](recovery.md))",
+            "python/ringcomm/recovery.py"),
 )
 
 # The GPU path's settings ([gpus.md](gpus.md)); rank 0's hold for every rank.

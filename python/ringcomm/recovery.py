@@ -236,8 +236,12 @@ class _Mapped:
 # members and joiners build the grown communicator under a prefix of its own
 # and confirm it with an agreement of all of them. Joiners are authenticated
 # like any peer: through the store, which hands out the new communicator's
-# TCP secret (docs/security.md).
+# TCP secret (docs/security.md). With a join token (grow(token=) / init(join=,
+# token=) / RINGCOMM_JOIN_TOKEN) the store is not enough: rank 0 challenges
+# each arrival with a random nonce and admits it only if it answers with
+# HMAC-SHA256(token, nonce); the token itself never enters the store.
 JOIN = "ringcomm/join"
+PROOF_WAIT_S = 10.0  # how long rank 0 waits for an arrival's answer to its challenge
 
 
 def _job_key(job, what):
@@ -251,44 +255,107 @@ def waiting(store, job):
     return max(0, arrived - admitted)
 
 
-def grow(comm, count, job, timeout_s):
+def join_token(token):
+    """The join token as bytes: `token`, else RINGCOMM_JOIN_TOKEN, else None."""
+    import os
+
+    if token is None:
+        token = os.environ.get("RINGCOMM_JOIN_TOKEN") or None
+    if token is None:
+        return None
+    if isinstance(token, str):
+        token = token.encode()
+    if not isinstance(token, bytes) or not token:
+        raise TypeError("the join token must be a non-empty str or bytes")
+    return token
+
+
+def _proof(token, challenge):
+    import hashlib
+    import hmac
+
+    return hmac.new(token or b"", challenge.encode(), hashlib.sha256).hexdigest()
+
+
+def _screen(store, job, numbers, token, timeout_s):
+    """Rank 0: the arrivals among `numbers` that answer the challenge (all of
+    them without a token); the others are told they are refused."""
+    import hmac
+    import secrets
+    import sys
+
+    if token is None:
+        return list(numbers)
+    challenges = {}
+    for i in numbers:
+        challenges[i] = secrets.token_hex(16)
+        store.set(_job_key(job, f"challenge/{i}"), challenges[i])
+    admitted, deadline = [], time.monotonic() + min(PROOF_WAIT_S, timeout_s)
+    for i in numbers:
+        key = _job_key(job, f"proof/{i}")
+        while not store.check([key]) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        answer = _text(store.get(key)) if store.check([key]) else ""
+        if hmac.compare_digest(answer.encode(), _proof(token, challenges[i]).encode()):
+            admitted.append(i)
+            continue
+        why = "no answer to the join challenge" if not answer else "a wrong join token"
+        store.set(_job_key(job, f"seat/{i}"), json.dumps({"refused": why}))
+        sys.stderr.write(f"ringcomm: grow of job {job!r} refused arrival {i}: {why}\n")
+    return admitted
+
+
+def grow(comm, count, job, timeout_s, token=None):
     """The members' side of growing (Communicator.grow)."""
     import numpy as np
 
     store, rank, world = comm._store, comm.rank, comm.world_size
-    plan = np.zeros(2, np.int64)  # admitted now, the first seat's number
+    head = np.zeros(1, np.int64)  # how many are admitted now
+    seats = []
     if rank == 0:
         ready = waiting(store, job)
         take = ready if count is None else min(count, ready)
         first = int(store.add(_job_key(job, "admitted"), take)) - take + 1
-        plan[:] = (take, first)
-    comm.broadcast(plan, 0)
-    take, first = int(plan[0]), int(plan[1])
-    if take == 0:
+        seats = _screen(store, job, range(first, first + take), token, timeout_s)
+        head[0] = len(seats)
+    comm.broadcast(head, 0)
+    if int(head[0]) == 0:
         return comm
+    numbers = np.array(seats if rank == 0 else [0] * int(head[0]), np.int64)
+    comm.broadcast(numbers, 0)
     comm._grows += 1
     base = f"{comm._prefix}/grow{comm._grows}"
-    new_world = world + take
+    new_world = world + len(numbers)
     cost_params = comm._c().cost_params()
     if rank == 0:
-        for i in range(take):
-            seat = {"prefix": base, "rank": world + i, "world": new_world, "cost_params": cost_params,
+        for k, i in enumerate(numbers):
+            seat = {"prefix": base, "rank": world + k, "world": new_world, "cost_params": cost_params,
                     "timeout_s": timeout_s}
-            store.set(_job_key(job, f"seat/{first + i}"), json.dumps(seat))
+            store.set(_job_key(job, f"seat/{int(i)}"), json.dumps(seat))
     return _build_grown(store, base, rank, new_world, comm._config, cost_params, timeout_s, rank)
 
 
-def join(store, job, config, timeout_s):
-    """The joiner's side (ringcomm.init(join=...)): waits for a seat, then builds."""
+def join(store, job, config, timeout_s, token=None):
+    """The joiner's side (ringcomm.init(join=...)): waits for a seat (answering
+    rank 0's challenge with the token, when it sends one), then builds."""
     number = int(store.add(_job_key(job, "arrived"), 1))
     key = _job_key(job, f"seat/{number}")
-    try:
-        bootstrap.wait_keys(store, [key], timeout_s, "waiting for a seat", "?")
-    except TimeoutError:
-        raise TimeoutError(f"ringcomm: init(join={job!r}): not admitted within {timeout_s:.3g} s (arrival "
-                           f"{number}); the members admit joiners when they call comm.grow(job={job!r})") from None
+    challenge = _job_key(job, f"challenge/{number}")
+    deadline, pause, answered = time.monotonic() + timeout_s, _POLL_MIN_S, False
+    while not store.check([key]):
+        if not answered and store.check([challenge]):
+            store.set(_job_key(job, f"proof/{number}"), _proof(token, _text(store.get(challenge))))
+            answered = True
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"ringcomm: init(join={job!r}): not admitted within {timeout_s:.3g} s (arrival "
+                               f"{number}); the members admit joiners when they call comm.grow(job={job!r})")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
     try:
         seat = json.loads(_text(store.get(key)))
+        if isinstance(seat, dict) and "refused" in seat:
+            raise RingcommError(f"ringcomm: init(join={job!r}): the members refused this process: "
+                                f"{str(seat['refused'])[:200]}")
         base, rank, world, params = seat["prefix"], seat["rank"], seat["world"], seat["cost_params"]
         if not (isinstance(base, str) and isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world
                 and world <= (1 << 31) - 1 and isinstance(params, dict)):
