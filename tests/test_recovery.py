@@ -483,3 +483,67 @@ def test_agree_is_interruptible_and_bounded():
     votes, dead = recovery.agree(dist.HashStore(), "p", 0, [0, 1], "1", recovery.Liveness(None, None, 0), 0.5)
     assert votes == {0: "1"} and list(dead) == [1] and "did not join" in dead[1], (votes, dead)
     assert time.monotonic() - t0 < 2
+
+
+def _drop_3d(comm):
+    """TP2 x PP2 x DP2 at world 8 (oversubscribed): rank 3 (TP rank 1 of
+    replica 1) is SIGKILLed while every rank runs collectives on its TP, DP
+    and PP groups. Its replica (ranks 2, 3, 6, 7) is dropped: ranks 2, 6 and
+    7 get (None, None); ranks 0, 1, 4 and 5 go on in a world of 4 with the
+    same TP and PP coordinates and DP groups of one."""
+    import ringcomm
+    from ringcomm.parallel import drop_lost_replicas, split_3d
+
+    ctx = harness.context()
+    r = ctx.rank
+    fails, msgs = [], []
+    world = _new_comm(ctx, timeout=60)
+    g = split_3d(world, tp=2, pp=2)
+    _sync(ctx, "3d-ready")
+    x = np.ones(4096, np.float32)
+    t0 = time.monotonic()
+    try:
+        for i in range(100000):
+            if r == 3 and i == 50:
+                os.kill(os.getpid(), signal.SIGKILL)
+            g.tp.all_reduce(x)
+            g.dp.all_reduce(x)
+            g.pp.all_reduce(x)
+            x[:] = 1
+        fails.append(f"rank {r}: the collectives went on without rank 3")
+    except ringcomm.RingcommError:
+        pass
+    new_world, ng = drop_lost_replicas(world, g)
+    took = time.monotonic() - t0
+    if r in (2, 6, 7):
+        if new_world is not None:
+            fails.append(f"rank {r} of the lost replica was not dropped")
+    else:
+        if new_world is None:
+            fails.append(f"rank {r} was dropped with the lost replica")
+        else:
+            want = {0: 0, 1: 1, 4: 2, 5: 3}[r]
+            if (new_world.rank, new_world.world_size, ng.dp_size) != (want, 4, 1):
+                fails.append(f"rank {r}: rank {new_world.rank} of {new_world.world_size}, dp {ng.dp_size}")
+            if (ng.tp_rank, ng.pp_rank) != (g.tp_rank, g.pp_rank):
+                fails.append(f"rank {r}: the coordinates moved: tp {g.tp_rank}->{ng.tp_rank}, pp {g.pp_rank}->"
+                             f"{ng.pp_rank}")
+            y = np.ones(16, np.float32)
+            ng.tp.all_reduce(y)
+            ng.pp.all_reduce(y)
+            ng.dp.all_reduce(y)
+            if not np.all(y == 4):
+                fails.append(f"rank {r}: the new groups gave {y[0]}, want 4")
+            ng.close()
+            new_world.close()
+        msgs.append(f"rank {r}: in a world of 4, {took:.2f} s after the loop began (rank 3 died in it)")
+    world.close()
+    survivors = [0, 1, 2, 4, 5, 6, 7]
+    ctx.store.set(f"3d-done/{r}", "1")
+    ctx.store.wait([f"3d-done/{q}" for q in survivors], timedelta(seconds=60))
+    return {"fails": fails, "msgs": msgs}
+
+
+def test_3d_drops_the_replica_of_a_lost_tp_rank():
+    res = _results(lambda: harness.run_ranks(_drop_3d, 8, init=False, hard_timeout=180, grace=60), killed=[3])
+    harness.print_and_check([res[r] for r in (0, 1, 2, 4, 5, 6, 7)])

@@ -17,7 +17,7 @@
 from ringcomm.parallel.clip import clip_grad_norm_
 from ringcomm.parallel.dp import DataParallel
 from ringcomm.parallel.elastic import ElasticDataParallel
-from ringcomm.parallel.mesh import ParallelGroups, layout_ranks, split_3d
+from ringcomm.parallel.mesh import ParallelGroups, drop_lost_replicas, layout_ranks, split_3d
 from ringcomm.parallel.pp import Pipeline, schedule_order
 from ringcomm.parallel.tp import (
     ColumnParallelLinear,
@@ -48,6 +48,7 @@ __all__ = [
     "TensorParallelBlock",
     "TensorParallelMLP",
     "clip_grad_norm_",
+    "drop_lost_replicas",
     "copy_to_tp",
     "gather_from_sp",
     "gather_from_tp",

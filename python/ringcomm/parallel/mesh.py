@@ -12,6 +12,7 @@ pipeline group's rank is the stage index and the tensor group's rank the shard i
 from dataclasses import dataclass
 
 from ringcomm.communicator import Communicator
+from ringcomm.errors import RingcommError
 
 
 @dataclass
@@ -66,3 +67,36 @@ def split_3d(comm, tp=1, pp=1, dp=None):
     r = comm.rank
     return ParallelGroups(tp=mine[0], pp=mine[1], dp=mine[2], tp_size=tp, pp_size=pp, dp_size=dp,
                           tp_rank=r % tp, pp_rank=r // (tp * dp), dp_rank=(r // tp) % dp)
+
+
+def drop_lost_replicas(world, groups, timeout=None):
+    """3D recovery after a fault: a lost TP or PP rank takes its whole model
+    replica (its TP x PP group) with it, and the other replicas go on.
+
+    Every live rank of `world` (the communicator split_3d split) calls it once
+    some call of its failed. It revokes this rank's groups and `world` (every
+    rank's calls on them stop), agrees over `world` on who is gone, and maps
+    each gone rank to its replica (its DP coordinate). A rank of a lost
+    replica gets (None, None): it is out (close it, or let it wait to rejoin).
+    The others get (the shrunk world, split_3d of it with one replica less per
+    lost one): each keeps its TP and PP coordinates, so its stage and shard
+    of the model stay as they are; only the DP groups are smaller.
+    """
+    tp, pp, dp = groups.tp_size, groups.pp_size, groups.dp_size
+    for c in (groups.tp, groups.pp, groups.dp, world):
+        try:
+            c.revoke("a rank was lost: dropping its replica")
+        except RingcommError:
+            pass  # closed already
+    _, gone = world.agree(True, timeout=timeout)
+    lost = sorted({(r // tp) % dp for r in gone})
+    if len(lost) == dp:
+        raise RingcommError(f"ringcomm: every data-parallel replica lost a rank (ranks {gone} are gone): "
+                            "nothing is left to continue")
+    dropped = [r for r in range(world.world_size) if (r // tp) % dp in lost]
+    for c in (groups.tp, groups.pp, groups.dp):
+        c.close()
+    if world.rank in dropped:
+        return None, None
+    new_world = world.shrink(exclude=dropped, timeout=timeout)
+    return new_world, split_3d(new_world, tp=tp, pp=pp)
