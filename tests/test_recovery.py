@@ -360,13 +360,7 @@ def _grow(comm, transport):
     same = comm.grow()
     if same is not comm:
         fails.append("grow() with nobody waiting returned a new communicator")
-    if r == 0:
-        ctx.store.set("grow/members-up", "1")
-        deadline = time.monotonic() + 60
-        from ringcomm import recovery
-        while recovery.waiting(ctx.store, "default") < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    comm.barrier()
+    _let_one_in(ctx, comm, "grow/members-up")
     t0 = time.monotonic()
     grown = comm.grow()
     msgs.append(f"grew to {grown.world_size} in {time.monotonic() - t0:.3f} s")
@@ -380,19 +374,25 @@ def _grow(comm, transport):
     return {"fails": fails, "msgs": msgs}
 
 
+def _let_one_in(ctx, comm, go):
+    """Rank 0 sets `go` (the joiner waiting for it asks to join) and waits until
+    it waits; then every member of `comm` passes a barrier, ready to grow."""
+    from ringcomm import recovery
+
+    if comm.rank == 0:
+        ctx.store.set(go, "1")
+        deadline = time.monotonic() + 60
+        while recovery.waiting(ctx.store, "default") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    comm.barrier()
+
+
 def _refused(ctx, grown, fails):
     """The 4 ranks of the grown communicator grow again while a joiner with
     another RINGCOMM_SLOTS waits: every rank raises ValueError naming the
     setting, and their communicator goes on."""
-    from ringcomm import recovery
-
     r = grown.rank
-    if r == 0:
-        ctx.store.set("grow/second", "1")
-        deadline = time.monotonic() + 60
-        while recovery.waiting(ctx.store, "default") < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    grown.barrier()
+    _let_one_in(ctx, grown, "grow/second")
     try:
         grown.grow()
         fails.append(f"rank {r}: grow admitted a joiner whose settings differ")
@@ -401,12 +401,7 @@ def _refused(ctx, grown, fails):
             fails.append(f"rank {r}: the refusal does not name the setting: {first_line(e)}")
     _check_works(grown, "the communicator after a refused joiner", fails)
     # A joiner that does not hold the members' join token is refused; the members go on.
-    if r == 0:
-        ctx.store.set("grow/third", "1")
-        deadline = time.monotonic() + 60
-        while recovery.waiting(ctx.store, "default") < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    grown.barrier()
+    _let_one_in(ctx, grown, "grow/third")
     same = grown.grow(token="s3cret")
     if same is not grown:
         fails.append(f"rank {r}: grow admitted a joiner with a wrong token")

@@ -66,9 +66,9 @@ class Liveness:
     process, a closed communicator, a broken connection), the pids of members
     on this host, and the ranks earlier agreements found dead."""
 
-    def __init__(self, native, census, rank, known_dead=()):
+    def __init__(self, native, census, rank, known_dead=frozenset()):
         self._native = native
-        self._known = set(known_dead)
+        self._known = known_dead  # read live: the caller adds what later agreements find
         mine = census[rank] if census else None
         self._pids = {}
         if mine and mine.get("pidns"):
@@ -185,7 +185,6 @@ def shrink(comm, exclude, timeout_s):
             raise CollectiveMismatchError(f"ringcomm: shrink disagreement: rank {rank} excluded {exclude}, but "
                                           f"{said}; every survivor must pass the same exclude list")
         parent._found_dead.update(dead)
-        liveness = Liveness(native, parent._census, rank, parent._found_dead)
         members = [r for r in members if r not in dead]
         new_rank = members.index(rank)
         ranks = [parent._ranks[r] for r in members] if parent._ranks else list(members)
@@ -212,7 +211,6 @@ def shrink(comm, exclude, timeout_s):
                                 f"communicator" + (f" (here: {error})" if error else ""))
         lost = {members[r]: why for r, why in dead.items()}
         parent._found_dead.update(lost)
-        liveness = Liveness(native, parent._census, rank, parent._found_dead)
         members = [r for r in members if r not in lost]
 
 
