@@ -17,6 +17,7 @@
 from ringcomm.parallel.clip import clip_grad_norm_
 from ringcomm.parallel.dp import DataParallel
 from ringcomm.parallel.elastic import ElasticDataParallel
+from ringcomm.parallel.elastic_zero import ElasticZeroDataParallel
 from ringcomm.parallel.mesh import ParallelGroups, drop_lost_replicas, layout_ranks, split_3d
 from ringcomm.parallel.pp import Pipeline, schedule_order
 from ringcomm.parallel.tp import (
@@ -41,6 +42,7 @@ __all__ = [
     "ColumnParallelLinear",
     "DataParallel",
     "ElasticDataParallel",
+    "ElasticZeroDataParallel",
     "ParallelGroups",
     "Pipeline",
     "RowParallelLinear",

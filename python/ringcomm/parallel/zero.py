@@ -164,6 +164,10 @@ class ZeroDataParallel(nn.Module):
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb!r}")
         self.module, self.comm, self.stage, self.overlap = module, comm, stage, overlap
+        # the arguments after comm: what rebuilding the layer over another communicator
+        # takes (ElasticZeroDataParallel, after a rank is lost)
+        self.config = dict(stage=stage, optimizer_class=optimizer_class, mixed_precision=mixed_precision,
+                           bucket_cap_mb=bucket_cap_mb, overlap=overlap, tp_comm=tp_comm, **optimizer_kwargs)
         self.world, self.rank = comm.world_size, comm.rank
         params = [p for p in module.parameters() if p.requires_grad]
         if not params:

@@ -1,0 +1,284 @@
+"""ZeRO training that survives the loss of data-parallel ranks: each rank's shards
+are kept, in memory, on its ring successor too (the in-memory redundancy Gemini
+(Wang et al., SOSP 2023) keeps for checkpoints).
+
+    z = ZeroDataParallel(model, comm, stage=3, optimizer_class=torch.optim.AdamW, lr=1e-3)
+    el = ElasticZeroDataParallel(z, batch_of)
+    while el.step < steps:
+        loss = el.train_step(loss_fn)      # loss_fn(z, *shard) -> mean loss of the shard
+    el.zero                                # the layer now in use (rebuilt after a loss)
+
+`batch_of(step)` and the shares of the global batch work as in
+ElasticDataParallel: whatever the world, each step trains on the same global
+batch, so the losses are the fault-free run's.
+
+Redundancy. A rank's shard state is everything of the model that lives only on
+that rank: per unit, its master shard (the parameters, fp32 under mixed
+precision) and the optimizer's element-wise state of it (Adam's moments,
+SGD's momentum). At the end of every step (and once at construction) each
+rank packs its shard state into one byte buffer, keeps it (its snapshot of that
+step) and sends it to rank r+1 while receiving rank r-1's (one sendrecv around
+the ring: the step's all_reduce volume plus one shard state). Gradients need no
+copy: a step boundary has none (a step in progress is redone, see below).
+
+Two generations of both are kept, because a fault can cut the exchange: a rank
+that finished exchange k has seen every rank enter step k's reductions, so no
+survivor is more than one generation behind another. The memory this costs per
+rank is 4 x its shard state (redundancy_bytes()): with AdamW, in fp32 or under
+mixed precision, 4 x 12 P / N bytes (master 4 + two moments 8 per parameter; a
+master that is no copy of its own is snapshotted all the same), against ZeRO
+stage 3's own 16 P / N of model state.
+
+A second loss while the survivors re-shard (below) ends in a RingcommError on
+every survivor rather than a second recovery.
+
+Recovery. A call fails (a rank was lost): the survivors revoke the communicator,
+shrink it (ringcomm/recovery.py: agree on who is gone), and agree (minimum over
+the survivors) on the last generation G every one of them finished exchanging.
+Each old rank's shard state of generation G comes from itself, if it survived,
+or from its successor's copy; if that successor was lost too, every survivor
+raises the same RingcommError naming both ranks (the state is gone: restart
+from a checkpoint). Every holder broadcasts each state it holds over the new
+communicator, each survivor keeps the slices of its new shards (the units are
+re-cut for the new world: same flat order, new padding), builds a fresh
+ZeroDataParallel over the same module (same arguments, ZeroDataParallel.config)
+and loads them, and the exchange runs once over the new world before training
+resumes at step G. So every survivor rolls back alike: steps after G (at most
+the one in progress) are redone on the new world's shares, and each step's loss
+is the fault-free run's up to the summation order of the reductions.
+`recoveries` lists each recovery: who was lost, the generation rolled back to,
+and how long it took.
+
+Limits: the layer must be a pure DP group (no tp_comm: under 3D use
+drop_lost_replicas, which drops a replica whole); an LR scheduler is bound to
+the old optimizer (read el.zero.optimizer after a recovery and rebuild it:
+the param group's hyper-parameters, lr included, are restored from G); the
+re-shard broadcasts every old shard state to every survivor (each receives the
+whole model state once, one old shard at a time; a point-to-point re-shard would
+move 1/N of it); a replacement cannot join a ZeRO job (ElasticDataParallel can).
+"""
+import copy
+import time
+
+import torch
+
+from ringcomm.errors import RingcommError
+from ringcomm.parallel.elastic import MAX_RECOVERIES_PER_STEP, share
+from ringcomm.parallel.zero import ZeroDataParallel
+
+GENERATIONS = 2
+
+
+class ElasticZeroDataParallel:
+    """Drives ZeroDataParallel training steps, keeps each rank's shards on its ring
+    successor, and re-shards over the survivors when ranks are lost (see the
+    module docstring).
+
+    Args:
+        zero: a ringcomm.parallel.ZeroDataParallel over the data-parallel ranks
+            (replaced, with its optimizer, on recovery: read `el.zero`).
+        batch_of: step -> the global batch of that step, the same on every rank.
+        timeout: seconds each recovery's agreement and shrink may take (default:
+            the communicator's timeout).
+    """
+
+    def __init__(self, zero, batch_of, timeout=None):
+        if not isinstance(zero, ZeroDataParallel):
+            raise TypeError(f"expected a ZeroDataParallel, got {type(zero).__name__}")
+        if zero.config.get("tp_comm") is not None:
+            raise ValueError("ElasticZeroDataParallel recovers a pure data-parallel group; with a "
+                             "tensor-parallel group (tp_comm) a lost rank takes its replica with it: "
+                             "use ringcomm.parallel.drop_lost_replicas")
+        self.zero = zero
+        self.batch_of = batch_of
+        self.timeout = timeout
+        self.step = 0            # steps completed
+        self.exchanged = None    # the newest generation this rank finished exchanging
+        self.recoveries = []
+        self._gens = {}          # generation -> _Generation
+        self._protect(0)
+
+    @property
+    def comm(self):
+        return self.zero.comm
+
+    # -- redundancy -------------------------------------------------------------
+    def _protect(self, gen):
+        """Snapshots this rank's shard state as generation `gen` and swaps copies
+        with the ring neighbours (sends to r+1, receives r-1's)."""
+        comm = self.zero.comm
+        snap = _Generation.pack(self.zero)
+        if comm.world_size > 1:
+            snap.held = torch.empty_like(snap.own)
+            comm.sendrecv(snap.own, (comm.rank + 1) % comm.world_size,
+                          snap.held, (comm.rank - 1) % comm.world_size)
+        self._gens[gen] = snap
+        for g in [g for g in self._gens if g <= gen - GENERATIONS]:
+            del self._gens[g]
+        self.exchanged = gen
+
+    def redundancy_bytes(self):
+        """Bytes this rank spends on redundancy now: its own snapshots, the copies
+        of its predecessor's state it holds, their total, and (for scale) the
+        layer's own memory_bytes()["total"]."""
+        own = sum(g.own.numel() for g in self._gens.values())
+        held = sum(g.held.numel() for g in self._gens.values() if g.held is not None)
+        return {"snapshots": own, "copies": held, "total": own + held,
+                "generations": len(self._gens), "model_state": self.zero.memory_bytes()["total"]}
+
+    # -- training -----------------------------------------------------------------
+    def train_step(self, loss_fn):
+        """Runs step `self.step` on this rank's share of its global batch and returns
+        the step's global loss. A rank is lost meanwhile: recovers (rolling back
+        to the last generation every survivor has) and redoes the steps since."""
+        for _ in range(MAX_RECOVERIES_PER_STEP):
+            try:
+                return self._attempt(loss_fn)
+            except RingcommError as e:
+                self._recover(e)
+        raise RingcommError(f"ringcomm: step {self.step} failed {MAX_RECOVERIES_PER_STEP} times in a row")
+
+    def _attempt(self, loss_fn):
+        z = self.zero
+        comm = z.comm
+        mine, frac = share(self.batch_of(self.step), comm.rank, comm.world_size)
+        z.zero_grad()
+        loss = loss_fn(z, *mine)
+        # AVG over the ranks of (loss x share x world) = the global batch's mean.
+        (loss * (frac * comm.world_size)).backward()
+        z.step()
+        total = torch.tensor([float(loss.detach()) * frac], dtype=torch.float64)
+        comm.all_reduce(total)
+        self._protect(self.step + 1)
+        self.step += 1
+        return float(total)
+
+    def _recover(self, error):
+        t0 = time.monotonic()
+        old_z = self.zero
+        old = old_z.comm
+        old_z.remove_hooks()
+        try:
+            old.revoke(f"recovering from: {str(error)[:200]}")
+        except RingcommError:
+            pass  # already closed
+        new = old.shrink(timeout=self.timeout)
+        t_shrink = time.monotonic()
+        survivors = list(new.parent_ranks)
+        lost = [r for r in range(old.world_size) if r not in survivors]
+        old.close()
+        had = self.exchanged
+        g = torch.tensor([self.exchanged], dtype=torch.int64)
+        new.all_reduce(g, op="min")
+        gen = int(g)
+        if gen not in self._gens:  # cannot happen (see the module docstring); never guess
+            raise RingcommError(f"ringcomm: generation {gen} of the ZeRO state is not on rank {old.rank} "
+                                f"(it keeps {sorted(self._gens)})")
+        holders = _holders(old.world_size, survivors)
+        self.zero = _rebuild(old_z, new, self._gens[gen], holders, old.rank)
+        self._gens = {}
+        self.step = gen
+        self._protect(gen)
+        self.recoveries.append({"step": gen, "lost": lost, "world": new.world_size, "had": had,
+                                "shrink_s": t_shrink - t0, "total_s": time.monotonic() - t0,
+                                "error": str(error)[:300]})
+
+
+class _Generation:
+    """One rank's shard state of one step: `own` (bytes, kept and sent on), `held`
+    (the predecessor's bytes), and what the bytes need to be read back."""
+
+    def __init__(self, own, layout, local):
+        self.own, self.layout, self.local, self.held = own, layout, local, None
+
+    @classmethod
+    @torch.no_grad()
+    def pack(cls, z):
+        parts, layout, scalars, off = [], [], {}, 0
+        for j, u in enumerate(z.units):
+            items = [("master", u.master.detach())]
+            state = z.optimizer.state.get(u.master, {})
+            for k in sorted(state):
+                v = state[k]
+                if torch.is_tensor(v) and v.dim() == 1 and v.numel() == u.shard:
+                    items.append((k, v))
+                else:  # a scalar (Adam's step): the same on every rank
+                    scalars[(j, k)] = v.clone() if torch.is_tensor(v) else copy.deepcopy(v)
+            for k, t in items:
+                b = t.detach().contiguous().view(torch.uint8)
+                layout.append((j, k, t.dtype, off, b.numel()))
+                parts.append(b)
+                off += b.numel()
+        group = {k: copy.deepcopy(v) for k, v in z.optimizer.param_groups[0].items() if k != "params"}
+        buffers = {n: b.detach().clone() for n, b in z.module.named_buffers()}
+        return cls(torch.cat(parts), layout, {"scalars": scalars, "group": group, "buffers": buffers})
+
+
+def _holders(world, survivors):
+    """old rank -> (old rank holding its state, "own" | "held"), or the error."""
+    alive = set(survivors)
+    out = {}
+    for r in range(world):
+        if r in alive:
+            out[r] = (r, "own")
+            continue
+        succ = (r + 1) % world
+        if succ in alive and succ != r:
+            out[r] = (succ, "held")
+        else:
+            raise RingcommError(
+                f"ringcomm: the ZeRO shards of rank {r} and their only copy (on rank {succ}, its ring "
+                f"successor) were both lost; the model state cannot be rebuilt from the survivors "
+                f"{sorted(alive)}: restart from a checkpoint")
+    return out
+
+
+@torch.no_grad()
+def _rebuild(old_z, new, snap, holders, my_old_rank):
+    """A ZeroDataParallel over `new` whose shards are the old world's state of `snap`."""
+    module = old_z.module
+    for p in old_z._params:  # the constructor reads (and broadcasts) real storage
+        p.data = torch.zeros(p.shape, dtype=old_z.param_dtype, device=old_z.device)
+        p.grad = None
+    z = ZeroDataParallel(module, new, **old_z.config)
+    old_units = old_z.units
+    if [u.numel for u in z.units] != [u.numel for u in old_units]:
+        raise RingcommError("ringcomm: the rebuilt ZeRO layer cut the model into other units")
+    masters = [torch.zeros(u.shard, dtype=z.master_dtype, device=z.device) for u in z.units]
+    states = [{} for _ in z.units]
+    for j, k, dtype, _, _ in snap.layout:
+        if k != "master":
+            states[j][k] = torch.zeros(z.units[j].shard, dtype=dtype, device=z.device)
+    nbytes = snap.own.numel()
+    for r in range(len(holders)):
+        holder, kind = holders[r]
+        if holder == my_old_rank:
+            buf = snap.own if kind == "own" else snap.held
+        else:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=snap.own.device)
+        new.broadcast(buf, new.parent_ranks.index(holder))
+        for j, k, dtype, off, nb in snap.layout:
+            old_u, u = old_units[j], z.units[j]
+            piece = buf[off:off + nb].view(dtype)
+            lo, hi = r * old_u.shard, min((r + 1) * old_u.shard, old_u.numel)  # elements of the flat
+            a, b = max(lo, u.lo), min(hi, u.hi)
+            if a < b:
+                dst = masters[j] if k == "master" else states[j][k]
+                dst[a - u.lo:b - u.lo].copy_(piece[a - lo:b - lo])
+    for u, m in zip(z.units, masters):
+        u.master.copy_(m)
+    inner = {"param_groups": [{**snap.local["group"], "params": list(range(len(z.units)))}], "state": {}}
+    for j in range(len(z.units)):
+        st = dict(states[j])
+        st.update({k: (v.clone() if torch.is_tensor(v) else v)
+                   for (jj, k), v in snap.local["scalars"].items() if jj == j})
+        if st:
+            inner["state"][j] = st
+    z.optimizer.load_state_dict(inner)
+    for n, b in module.named_buffers():
+        b.copy_(snap.local["buffers"][n])
+    z._publish()
+    return z
+
+
+__all__ = ["ElasticZeroDataParallel"]

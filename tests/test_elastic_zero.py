@@ -1,0 +1,185 @@
+"""ZeRO training that survives lost ranks (issue 23, point 2):
+ringcomm.parallel.ElasticZeroDataParallel.
+
+World 4, fp32, the model and fixed global batches of examples/elastic_dp.py,
+AdamW (two moments and a step count per shard must survive). The reference is
+the same model trained on the whole global batch in one process: every step's
+loss and the final parameters must equal it within 1e-5 (relative) through two
+faults:
+
+- step 4: rank 2 is SIGKILLed as its forward begins: the survivors shrink to
+  3, rank 2's shards come back from rank 3's copy, and step 4 is redone.
+- step 8, after its optimizer step: the world-3 rank 1 is SIGKILLed before it
+  sends its snapshot of step 8 (its predecessor may have finished that exchange,
+  its successor cannot have): the survivors agree on the older generation,
+  which both still keep, and redo step 8 at world 2.
+
+And a loss the redundancy cannot absorb: two neighbours on the ring (ranks 1
+and 2) lost together: rank 1's shards and their only copy are gone, and both
+survivors raise the same RingcommError naming them.
+"""
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+
+import harness
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import elastic_dp  # noqa: E402  (the model, global batches and loss of the example)
+
+STEPS = 12
+KILL_STEP = 4          # rank 2 dies as this step's forward begins
+CUT_STEP = 8           # world-3 rank 1 dies between this step's optimizer step and its exchange
+LR = 0.01
+
+
+def _reference():
+    import torch
+
+    model = elastic_dp.make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = elastic_dp.mse(model, *elastic_dp.batch_of(step))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _shard_state_bytes(z):
+    """What one generation of this rank's shard state takes: master + AdamW's two moments."""
+    return sum(3 * u.shard * 4 for u in z.units)
+
+
+def _survive(comm, stage):
+    import torch
+
+    from ringcomm.parallel import ElasticZeroDataParallel, ZeroDataParallel
+
+    torch.set_num_threads(1)
+    ctx = harness.context()
+    r = comm.rank
+    model = elastic_dp.make_model()
+    z = ZeroDataParallel(model, comm, stage=stage, optimizer_class=torch.optim.AdamW, lr=LR,
+                         bucket_cap_mb=0.002)  # several buckets under stages 1 and 2
+    el = ElasticZeroDataParallel(z, elastic_dp.batch_of)
+    protect = el._protect
+
+    def cut(gen):  # the world-3 rank 1 dies before it exchanges its snapshot of CUT_STEP
+        if gen == CUT_STEP + 1 and el.comm.world_size == 3 and el.comm.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        protect(gen)
+
+    el._protect = cut
+
+    def loss_fn(zz, x, y):
+        if el.step == KILL_STEP and r == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return elastic_dp.mse(zz, x, y)
+
+    redundancy = []
+    losses = {}
+    while el.step < STEPS:
+        loss = el.train_step(loss_fn)
+        losses[el.step - 1] = loss
+        if el.step == 2:  # AdamW's moments exist from step 1 on
+            redundancy += [el.redundancy_bytes(), _shard_state_bytes(el.zero)]
+    redundancy += [el.redundancy_bytes(), _shard_state_bytes(el.zero)]
+    params = [p.clone() for p in el.zero.full_parameters()]
+    world = el.comm.world_size
+    el.comm.close()
+    return {"losses": losses, "params": params, "recoveries": el.recoveries, "world": world,
+            "redundancy": redundancy}
+
+
+@pytest.mark.parametrize("stage,transport", [(1, "shm"), (2, "tcp"), (3, "shm")])
+def test_zero_survives_lost_ranks(stage, transport):
+    import torch
+
+    env = {"RINGCOMM_TRANSPORT": transport} if transport == "tcp" else {}
+    try:
+        harness.run_ranks(_survive, 4, (stage,), env=env, comm_timeout=60, hard_timeout=180, grace=60)
+        raise AssertionError("two ranks were to be killed, but every rank reported")
+    except harness.RankDied as e:
+        assert set(e.died) == {1, 2}, str(e)
+        res = e.results
+    ref_losses, ref_params = _reference()
+    fails = []
+    for r in (0, 3):
+        out = res[r]
+        got = [(x["step"], x["lost"], x["world"]) for x in out["recoveries"]]
+        print(f"rank {r}: " + "; ".join(f"had step {x['had']}, rolled back to step {x['step']}, lost {x['lost']} -> world "
+                                        f"{x['world']} in {x['total_s'] * 1e3:.0f} ms (shrink "
+                                        f"{x['shrink_s'] * 1e3:.0f} ms)" for x in out["recoveries"]))
+        if got != [(KILL_STEP, [2], 3), (CUT_STEP, [1], 2)]:
+            fails.append(f"rank {r}: recoveries {got}")
+        if out["world"] != 2:
+            fails.append(f"rank {r} ended in a world of {out['world']}")
+        if sorted(out["losses"]) != list(range(STEPS)):
+            fails.append(f"rank {r}: losses of steps {sorted(out['losses'])}")
+        for step, loss in sorted(out["losses"].items()):
+            if abs(loss - ref_losses[step]) > 1e-5 * abs(ref_losses[step]):
+                fails.append(f"rank {r}: step {step} loss {loss!r}, fault-free {ref_losses[step]!r}")
+        for i, (a, b) in enumerate(zip(out["params"], ref_params)):
+            if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
+                fails.append(f"rank {r}: parameter {i} differs from the fault-free run by "
+                             f"{(a - b).abs().max().item():.3g}")
+        for red, shard_bytes in (out["redundancy"][:2], out["redundancy"][2:]):
+            print(f"rank {r}: redundancy {red}")
+            if (red["generations"], red["snapshots"], red["copies"]) != (2, 2 * shard_bytes, 2 * shard_bytes):
+                fails.append(f"rank {r}: redundancy {red}, one generation's shard state {shard_bytes} B")
+    assert not fails, "\n".join(fails)
+
+
+def _neighbours_lost(comm):
+    import torch
+
+    import ringcomm
+    from ringcomm.parallel import ElasticZeroDataParallel, ZeroDataParallel
+
+    torch.set_num_threads(1)
+    ctx = harness.context()
+    r = comm.rank
+    z = ZeroDataParallel(elastic_dp.make_model(), comm, stage=3, optimizer_class=torch.optim.AdamW, lr=LR)
+    el = ElasticZeroDataParallel(z, elastic_dp.batch_of)
+
+    def loss_fn(zz, x, y):
+        if el.step == 2:
+            if r in (1, 2):
+                ctx.store.set(f"dying/{r}", "1")
+                os.kill(os.getpid(), signal.SIGKILL)
+            ctx.store.wait(["dying/1", "dying/2"], timedelta(seconds=60))
+            time.sleep(0.3)  # both are gone before the survivors' next call
+        return elastic_dp.mse(zz, x, y)
+
+    t0 = None
+    try:
+        while el.step < 4:
+            t0 = time.monotonic()
+            el.train_step(loss_fn)
+    except ringcomm.RingcommError as e:
+        return {"error": str(e), "type": type(e).__name__, "s": time.monotonic() - t0, "step": el.step}
+    return {"error": None}
+
+
+def test_zero_neighbours_lost_together_is_a_clear_error():
+    try:
+        harness.run_ranks(_neighbours_lost, 4, comm_timeout=30, hard_timeout=120, grace=40)
+        raise AssertionError("ranks 1 and 2 were to be killed, but every rank reported")
+    except harness.RankDied as e:
+        assert set(e.died) == {1, 2}, str(e)
+        res = e.results
+    errors = {r: res[r]["error"] for r in (0, 3)}
+    for r in (0, 3):
+        print(f"rank {r}: {res[r]}")
+        err = res[r]["error"]
+        assert err is not None and "shards of rank 1 and their only copy (on rank 2" in err, errors
+        assert "restart from a checkpoint" in err, err
+        assert res[r]["s"] < 10, res[r]
+    assert errors[0] == errors[3], errors
