@@ -17,6 +17,7 @@
 from ringcomm.parallel.clip import clip_grad_norm_
 from ringcomm.parallel.dp import DataParallel
 from ringcomm.parallel.elastic import ElasticDataParallel
+from ringcomm.parallel.elastic_3d import Elastic3D, ReplicaDropped
 from ringcomm.parallel.elastic_zero import ElasticZeroDataParallel
 from ringcomm.parallel.mesh import ParallelGroups, drop_lost_replicas, layout_ranks, split_3d
 from ringcomm.parallel.pp import Pipeline, schedule_order
@@ -41,10 +42,12 @@ from ringcomm.parallel.zero import ZeroDataParallel, paper_memory_bytes
 __all__ = [
     "ColumnParallelLinear",
     "DataParallel",
+    "Elastic3D",
     "ElasticDataParallel",
     "ElasticZeroDataParallel",
     "ParallelGroups",
     "Pipeline",
+    "ReplicaDropped",
     "RowParallelLinear",
     "TensorParallelAttention",
     "TensorParallelBlock",

@@ -100,6 +100,12 @@ class Pipeline:
         self._sends = []
         self._compute_s = self._wait_s = 0.0
 
+    def reset(self):
+        """Forgets the sends in flight (their communicator failed); used by Elastic3D
+        before pipe.comm is replaced."""
+        self._sends = []
+        self.in_flight = 0
+
     # -- communication ----------------------------------------------------------
     def _isend(self, t, dst):
         self._sends = [w for w in self._sends if not w.is_completed()]
