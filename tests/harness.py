@@ -341,6 +341,31 @@ def assert_no_failures(results: Sequence[Sequence[str]], limit: int = 40) -> Non
         raise AssertionError(msg)
 
 
+def survivors_of(fn: Callable, world_size: int, killed: Sequence[int], args: Sequence = (), **run_kw) -> Dict[int, Any]:
+    """Runs a group in which exactly the ranks `killed` die on purpose; returns the
+    other ranks' results (fails if another rank died, or none did)."""
+    try:
+        run_ranks(fn, world_size, args, **run_kw)
+    except RankDied as e:
+        assert set(e.died) == set(killed), f"ranks {sorted(e.died)} died, {sorted(killed)} were to: {e}"
+        return e.results
+    raise AssertionError(f"ranks {sorted(killed)} were to be killed, but every rank reported")
+
+
+def loss_mismatches(who: str, losses: Dict[int, float], reference: Sequence[float], rtol: float,
+                    skip: Sequence[int] = ()) -> List[str]:
+    """Failure strings for a run's per-step losses against a fault-free run's: a
+    step missing (but `skip`), or one further than rtol (relative) from it."""
+    out = []
+    missing = [s for s in range(len(reference)) if s not in losses and s not in skip]
+    if missing:
+        out.append(f"{who}: no loss for steps {missing}")
+    for step, loss in sorted(losses.items()):
+        if not abs(loss - reference[step]) <= rtol * abs(reference[step]):
+            out.append(f"{who}: step {step} loss {loss!r}, fault-free {reference[step]!r}")
+    return out
+
+
 # ------------------------------------------------------------------ sectioned groups
 # A test module that checks many things in one spawned group of ranks runs them as
 # sections: each section fills its own failure list, and a section that raises

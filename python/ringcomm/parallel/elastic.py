@@ -39,6 +39,20 @@ from ringcomm.parallel.dp import DataParallel
 MAX_RECOVERIES_PER_STEP = 8
 
 
+def retry_step(attempt, recover, step_of, final=()):
+    """attempt(); after a RingcommError (but one of `final`), recover(error) and
+    attempt again, at most MAX_RECOVERIES_PER_STEP times: the loop of every
+    elastic driver's train_step."""
+    for _ in range(MAX_RECOVERIES_PER_STEP):
+        try:
+            return attempt()
+        except final:
+            raise
+        except RingcommError as e:
+            recover(e)
+    raise RingcommError(f"ringcomm: step {step_of()} failed {MAX_RECOVERIES_PER_STEP} times in a row")
+
+
 def _as_tuple(batch):
     return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
@@ -120,12 +134,7 @@ class ElasticDataParallel:
         afterwards. A rank is lost meanwhile: recovers, and redoes the step in
         progress; a survivor that was behind then completes the step after
         the one it began (its own step was completed by the others)."""
-        for _ in range(MAX_RECOVERIES_PER_STEP):
-            try:
-                return self._attempt(loss_fn)
-            except RingcommError as e:
-                self._recover(e)
-        raise RingcommError(f"ringcomm: step {self.step} failed {MAX_RECOVERIES_PER_STEP} times in a row")
+        return retry_step(lambda: self._attempt(loss_fn), self._recover, lambda: self.step)
 
     def _attempt(self, loss_fn):
         comm = self.dp.comm

@@ -46,7 +46,7 @@ import torch
 import torch.nn as nn
 
 from ringcomm.errors import RingcommError
-from ringcomm.parallel.elastic import MAX_RECOVERIES_PER_STEP, share
+from ringcomm.parallel.elastic import retry_step, share
 from ringcomm.parallel.mesh import drop_lost_replicas
 
 
@@ -96,14 +96,7 @@ class Elastic3D:
 
     def train_step(self):
         """Runs step `self.step` and returns its global mean loss (every rank)."""
-        for _ in range(MAX_RECOVERIES_PER_STEP):
-            try:
-                return self._attempt()
-            except ReplicaDropped:
-                raise
-            except RingcommError as e:
-                self._recover(e)
-        raise RingcommError(f"ringcomm: step {self.step} failed {MAX_RECOVERIES_PER_STEP} times in a row")
+        return retry_step(self._attempt, self._recover, lambda: self.step, final=ReplicaDropped)
 
     def _attempt(self):
         g = self.groups

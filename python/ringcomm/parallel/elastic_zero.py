@@ -63,7 +63,7 @@ import time
 import torch
 
 from ringcomm.errors import RingcommError
-from ringcomm.parallel.elastic import MAX_RECOVERIES_PER_STEP, share
+from ringcomm.parallel.elastic import retry_step, share
 from ringcomm.parallel.zero import ZeroDataParallel
 
 GENERATIONS = 2
@@ -131,12 +131,7 @@ class ElasticZeroDataParallel:
         """Runs step `self.step` on this rank's share of its global batch and returns
         the step's global loss. A rank is lost meanwhile: recovers (rolling back
         to the last generation every survivor has) and redoes the steps since."""
-        for _ in range(MAX_RECOVERIES_PER_STEP):
-            try:
-                return self._attempt(loss_fn)
-            except RingcommError as e:
-                self._recover(e)
-        raise RingcommError(f"ringcomm: step {self.step} failed {MAX_RECOVERIES_PER_STEP} times in a row")
+        return retry_step(lambda: self._attempt(loss_fn), self._recover, lambda: self.step)
 
     def _attempt(self, loss_fn):
         z = self.zero
