@@ -53,6 +53,19 @@ def retry_step(attempt, recover, step_of, final=()):
     raise RingcommError(f"ringcomm: step {step_of()} failed {MAX_RECOVERIES_PER_STEP} times in a row")
 
 
+def revoke_and_shrink(old, error, timeout):
+    """Revokes `old` (every rank's calls on it stop), shrinks it to the survivors and
+    closes it; returns (the survivors' communicator, the old ranks that are gone)."""
+    try:
+        old.revoke(f"recovering from: {str(error)[:200]}")
+    except RingcommError:
+        pass  # already closed
+    new = old.shrink(timeout=timeout)
+    lost = [r for r in range(old.world_size) if r not in new.parent_ranks]
+    old.close()
+    return new, lost
+
+
 def _as_tuple(batch):
     return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
@@ -185,14 +198,8 @@ class ElasticDataParallel:
         t0 = time.monotonic()
         old = self.dp.comm
         self.dp.reset()
-        try:
-            old.revoke(f"recovering from: {str(error)[:200]}")
-        except RingcommError:
-            pass  # already closed
-        new = old.shrink(timeout=self.timeout)
+        new, lost = revoke_and_shrink(old, error, self.timeout)
         t_shrink = time.monotonic()
-        lost = [r for r in range(old.world_size) if r not in new.parent_ranks]
-        old.close()
         self.dp.comm = new
         done = torch.tensor([self.step], dtype=torch.int64)
         new.all_reduce(done, op="max")

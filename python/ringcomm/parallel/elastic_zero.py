@@ -63,7 +63,7 @@ import time
 import torch
 
 from ringcomm.errors import RingcommError
-from ringcomm.parallel.elastic import retry_step, share
+from ringcomm.parallel.elastic import retry_step, revoke_and_shrink, share
 from ringcomm.parallel.zero import ZeroDataParallel
 
 GENERATIONS = 2
@@ -153,15 +153,9 @@ class ElasticZeroDataParallel:
         old_z = self.zero
         old = old_z.comm
         old_z.remove_hooks()
-        try:
-            old.revoke(f"recovering from: {str(error)[:200]}")
-        except RingcommError:
-            pass  # already closed
-        new = old.shrink(timeout=self.timeout)
+        new, lost = revoke_and_shrink(old, error, self.timeout)
         t_shrink = time.monotonic()
         survivors = list(new.parent_ranks)
-        lost = [r for r in range(old.world_size) if r not in survivors]
-        old.close()
         had = self.exchanged
         g = torch.tensor([self.exchanged], dtype=torch.int64)
         new.all_reduce(g, op="min")
