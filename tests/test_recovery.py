@@ -262,6 +262,53 @@ def test_revoke_agree_shrink(transport):
     harness.print_and_check([res[r] for r in range(3)])
 
 
+def _revoked_then_died(comm):
+    """Rank 2, on a host of its own (so no pid tells its death), revokes the
+    communicator and then dies before it votes: its ABORT frame is not the end of
+    its connection (a rank that aborted keeps it until it closes, and closes with
+    a goodbye), so its EOF without one is evidence of the death, and the
+    survivors' shrink completes in milliseconds, not after the timeout."""
+    import ringcomm
+
+    ctx = harness.context()
+    r = ctx.rank
+    fails, msgs = [], []
+    comm = _new_comm(ctx, timeout=30)
+    _check_works(comm, "before the revoke", fails)
+    _sync(ctx, "revoke-ready")
+    if r == 2:
+        comm.revoke("rank 2 gives up")
+        time.sleep(0.3)  # its ABORT frames are out
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        while True:
+            comm.all_reduce(np.ones(16, np.float32))
+    except ringcomm.RingcommError as e:
+        if not isinstance(e, ringcomm.RevokedError):
+            fails.append(f"rank {r}: {first_line(e)}")
+    t0 = time.monotonic()
+    child = comm.shrink()
+    took = time.monotonic() - t0
+    if (child.world_size, child.parent_ranks) != (2, [0, 1]):
+        fails.append(f"rank {r}: shrink gave {child.world_size} ranks {child.parent_ranks}")
+    _check_works(child, "after the shrink", fails)
+    msgs.append(f"shrink without the rank that revoked and died: {took * 1e3:.0f} ms")
+    if took > 5:
+        fails.append(f"rank {r}: the shrink took {took:.1f} s (timeout 30 s): the death was not noticed")
+    ctx.store.set(f"rd/done/{r}", "1")
+    ctx.store.wait([f"rd/done/{q}" for q in range(2)], timedelta(seconds=60))
+    child.close()
+    comm.close()
+    return {"fails": fails, "msgs": msgs}
+
+
+def test_a_remote_rank_that_revoked_then_died_is_found_gone():
+    hosts = {r: {"RINGCOMM_HOST_ID": f"host-{r}"} for r in range(3)}
+    res = _results(lambda: harness.run_ranks(_revoked_then_died, 3, rank_env=hosts, init=False,
+                                             hard_timeout=120, grace=60), killed=[2])
+    harness.print_and_check([res[r] for r in range(2)])
+
+
 def _second_death(comm, when):
     """Rank 3 is SIGKILLed mid all_reduce; while the survivors shrink, rank 2
     dies too: `when` = "before_vote" (it never enters shrink) or "building"

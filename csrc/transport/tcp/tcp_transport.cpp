@@ -167,7 +167,8 @@ class TcpLink : public Link {
   std::atomic<int> state_{kOpen};
   std::string reason_;  // written once by the I/O thread, before state_ becomes kFailed or kLost
   // The peer's end of the connection is gone (its stream ended, or it was
-  // reset, without an ABORT frame first): set by the I/O thread also after
+  // reset, without an ABORT frame first, or after one but without the goodbye
+  // an aborted rank sends when it closes): set by the I/O thread also after
   // this rank aborted (peer_gone: agreement needs to know who died after
   // the communicator failed). gone_why_ is written once, before gone_.
   std::atomic<bool> gone_{false};
@@ -194,7 +195,13 @@ class TcpLink : public Link {
   std::atomic<bool> done_writing_{false};  // goodbye or abort sent (write side shut), or failed
   bool out_ready_ = true;       // (io) the socket took everything so far (edge-triggered epoll)
   bool abort_queued_ = false;   // (io)
+  // (io) The ABORT frame is out. The connection stays open (no FIN) until this
+  // rank closes, which says goodbye (CLOSE) after it: so the peer can tell an
+  // aborted rank that lives (no EOF, or EOF after a goodbye) from one that died.
+  bool abort_sent_ = false;
   bool close_queued_ = false;   // (io)
+  bool peer_aborted_ = false;   // (io) the peer's ABORT frame came
+  bool peer_goodbye_ = false;   // (io) the peer's CLOSE frame came
   Clock::time_point abort_deadline_;  // (io)
   // (io) receiving
   bool in_ready_ = true;
@@ -475,7 +482,10 @@ void TcpTransport::request_peer_calls() {
   for (auto& lp : owned_) {
     TcpLink& l = *lp;
     l.status_requested_ = false;
-    if (!l.connected_.load(std::memory_order_acquire) || l.done_writing_) continue;
+    if (!l.connected_.load(std::memory_order_acquire) || l.done_writing_ ||
+        aborted_.load(std::memory_order_acquire)) {
+      continue;  // after an ABORT frame only the goodbye goes out
+    }
     l.status_asked_ = l.status_seen_.load(std::memory_order_acquire);
     std::lock_guard<std::mutex> wlk(l.wmu_);
     if (!l.fd_.valid()) continue;
@@ -521,15 +531,19 @@ void TcpTransport::fail_link(TcpLink& l, const std::string& why) {
 void TcpTransport::on_eof(TcpLink& l, int err) {
   l.eof_ = true;
   l.in_ready_ = false;
-  // Evidence of a death only if the peer had not said it failed (an ABORT
-  // frame) and this rank had not hung up on it (a bad frame): a peer that
-  // aborted may close its end and still live.
+  // Evidence of a death unless this rank hung up on the peer (a bad frame) or
+  // the peer, having aborted, said goodbye first (an aborted rank keeps its
+  // connections open until it closes its communicator, and closes with a
+  // goodbye: an EOF after its ABORT frame without one is its process ending).
   const int was = l.state_.load(std::memory_order_relaxed);
-  if (!l.gone_.load(std::memory_order_relaxed) && (was == TcpLink::kOpen || was == TcpLink::kPeerClosed)) {
+  const bool died_after_abort = was == TcpLink::kFailed && l.peer_aborted_ && !l.peer_goodbye_;
+  if (!l.gone_.load(std::memory_order_relaxed) &&
+      (was == TcpLink::kOpen || was == TcpLink::kPeerClosed || died_after_abort)) {
     l.gone_why_ = "rank " + std::to_string(l.peer_) + " (" + l.name_ + "): its TCP connection " +
                   (err != 0 ? "failed: " + tcp::errno_text(err) : std::string("was closed")) +
-                  (l.state_.load(std::memory_order_relaxed) == TcpLink::kPeerClosed ? " (it closed its communicator)"
-                                                                                     : " (did its process die?)");
+                  (was == TcpLink::kPeerClosed ? " (it closed its communicator)"
+                   : died_after_abort          ? " after it aborted, without a goodbye (did its process die?)"
+                                               : " (did its process die?)");
     l.gone_.store(true, std::memory_order_release);
   }
   if (stop_.load(std::memory_order_relaxed) || aborted_.load(std::memory_order_relaxed)) return;
@@ -635,9 +649,12 @@ bool TcpTransport::pump_out(TcpLink& l) {
     if (ctrl) {
       l.coff_ += static_cast<size_t>(put);
       if (l.coff_ == l.ctrl_.size()) {
-        // ABORT and CLOSE are the last frames: the peer reads EOF next.
-        ::shutdown(l.fd_.get(), SHUT_WR);
-        l.done_writing_ = true;
+        if (l.close_queued_) {  // CLOSE is the last frame: the peer reads EOF next
+          ::shutdown(l.fd_.get(), SHUT_WR);
+          l.done_writing_ = true;
+        } else {  // ABORT: the last but the goodbye this rank sends when it closes
+          l.abort_sent_ = true;
+        }
       }
       continue;
     }
@@ -755,7 +772,7 @@ bool TcpTransport::pump_in(TcpLink& l) {
         }
         {
           std::lock_guard<std::mutex> wlk(l.wmu_);
-          if (!l.done_writing_ && l.status_out_.size() < 64 * sizeof(FrameHeader)) {
+          if (!l.done_writing_ && !l.abort_queued_ && l.status_out_.size() < 64 * sizeof(FrameHeader)) {
             l.status_out_ += tcp::status_report(coll, p2p);
           }
         }
@@ -768,6 +785,7 @@ bool TcpTransport::pump_in(TcpLink& l) {
         l.status_seen_.fetch_add(1, std::memory_order_release);
         continue;
       } else {  // kClose
+        l.peer_goodbye_ = true;
         int open = TcpLink::kOpen;
         l.state_.compare_exchange_strong(open, TcpLink::kPeerClosed, std::memory_order_release);
         home_->wake();
@@ -785,6 +803,7 @@ bool TcpTransport::pump_in(TcpLink& l) {
       published = true;
       ++frames;
     } else if (l.rstate_ == TcpLink::kReason) {
+      l.peer_aborted_ = true;
       fail_link(l, readable_text(l.rreason_.empty() ? "aborted" : l.rreason_));
     }
     l.rstate_ = TcpLink::kHeader;
@@ -848,9 +867,13 @@ void TcpTransport::io_loop() {
       if (stopping && !aborting && !l.close_queued_ && l.ctrl_.empty() && l.woff_ == 0 && !l.out_pending()) {
         l.close_queued_ = true;  // everything queued is in the kernel: say goodbye
         l.ctrl_ = tcp::control_frame(tcp::kClose);
+      } else if (stopping && aborting && l.abort_sent_ && !l.close_queued_) {
+        l.close_queued_ = true;  // closing after an abort: the goodbye follows the ABORT frame
+        l.ctrl_ = tcp::control_frame(tcp::kClose);
+        l.coff_ = 0;
       }
       moved |= pump_out(l);
-      if (l.abort_queued_ && !l.done_writing_ && now > l.abort_deadline_) {
+      if (l.abort_queued_ && !l.abort_sent_ && !l.done_writing_ && now > l.abort_deadline_) {
         // The peer does not read: a reset reaches it anyway.
         struct linger lg{1, 0};
         ::setsockopt(l.fd_.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -860,7 +883,7 @@ void TcpTransport::io_loop() {
       }
       wlk.unlock();
       moved |= pump_in(l);
-      if (l.abort_queued_ && !l.done_writing_) timed = true;
+      if (l.abort_queued_ && !l.abort_sent_ && !l.done_writing_) timed = true;
       if (!l.done_writing_ && l.state_.load(std::memory_order_relaxed) != TcpLink::kFailed) finished = false;
     }
     if (stopping && (finished || Clock::now() >= close_deadline_)) return;

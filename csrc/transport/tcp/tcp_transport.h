@@ -35,7 +35,9 @@
 // this rank always sleeps on the shared-memory doorbell.
 //
 // Failures: an ABORT frame from the peer, a connection that ends without the
-// CLOSE frame (a dead process), a reset, or a frame that fails the checks of
+// CLOSE frame (a dead process; an aborted rank keeps its connections open
+// and says goodbye when it closes, so peer_gone() also names a rank whose
+// stream ends after its ABORT without one), a reset, or a frame that fails the checks of
 // wire.h mark the link failed with a reason that peer_abort_reason() reports
 // (the executor polls it while it waits). A dial that fails (the peer's
 // listener refuses: its process is gone; or no answer within the timeout)

@@ -7,7 +7,9 @@
 //   Hello                  who is calling whom, with the geometry both must share
 // Then a stream of frames, each a FrameHeader followed by `nbytes` payload
 // bytes: DATA (one segment of a Link), ABORT (the sender failed; the payload
-// is its reason), CLOSE (an orderly goodbye; nothing follows), and STATUS
+// is its reason; only CLOSE follows, when the aborted rank closes: an EOF
+// after ABORT without it is a dead process), CLOSE (an orderly goodbye;
+// nothing follows), and STATUS
 // QUERY / STATUS REPORT (no payload: a rank that timed out asks what its peer
 // was doing; the peer's I/O thread answers with its last calls, carried in
 // the header's fields, see status_report).
@@ -32,7 +34,9 @@ namespace tcp {
 
 constexpr size_t kSecretBytes = 32;
 constexpr uint64_t kHelloMagic = 0x31706374676e6972ULL;  // "ringtcp1" (little endian)
-constexpr uint32_t kWireVersion = 2;  // 2: MsgTag carries the send/recv tag
+// 2: MsgTag carries the send/recv tag; 3: an aborted rank keeps its connections
+// open and says goodbye (CLOSE) after its ABORT frame when it closes
+constexpr uint32_t kWireVersion = 3;
 constexpr uint32_t kFrameMagic = 0x46434e52;  // "RNCF"
 constexpr uint32_t kMaxReasonBytes = 1024;    // ABORT payload, at most
 constexpr uint32_t kMaxPayloadOffset = 4095;  // DATA payload starts within one page
