@@ -89,10 +89,10 @@ def _elastic(comm, transport):
         if el.step == KILL_STEP and r == 2:
             ctx.store.set("killed_at", repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
-        if el.step == JOIN_STEP - 1 and r == 0:
-            ctx.store.set("join/now", "1")
-        if el.step == JOIN_STEP and r == 0:  # the replacement is waiting before rank 0 looks
+        if el.step == JOIN_STEP and r == 0:  # the replacement is waiting before rank 0 looks (not sooner)
             from ringcomm import recovery
+
+            ctx.store.set("join/now", "1")
 
             deadline = time.monotonic() + 60
             while recovery.waiting(ctx.store, "test") < 1 and time.monotonic() < deadline:

@@ -78,23 +78,32 @@ def share(batch, rank, world):
     return mine, mine[0].shape[0] / n
 
 
-def broadcast_training_state(comm, optimizer, step, root):
-    """Every rank's optimizer state and step count <- root's; returns the step."""
-    n = torch.tensor([step], dtype=torch.int64)
-    comm.broadcast(n, root)
+def broadcast_object(comm, obj, root, weights_only=False):
+    """root's `obj` (anything torch.save takes) on every rank of comm; the others
+    pass None. weights_only=True loads with torch's restricted unpickler."""
+    size = torch.zeros(1, dtype=torch.int64)
     if comm.rank == root:
         buf = io.BytesIO()
-        torch.save(optimizer.state_dict(), buf)
+        torch.save(obj, buf)
         data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-        size = torch.tensor([data.numel()], dtype=torch.int64)
-    else:
-        size = torch.zeros(1, dtype=torch.int64)
+        size[0] = data.numel()
     comm.broadcast(size, root)
     if comm.rank != root:
         data = torch.empty(int(size), dtype=torch.uint8)
     comm.broadcast(data, root)
+    if comm.rank == root:
+        return obj
+    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=weights_only)
+
+
+def broadcast_training_state(comm, optimizer, step, root):
+    """Every rank's optimizer state and step count <- root's; returns the step."""
+    n = torch.tensor([step], dtype=torch.int64)
+    comm.broadcast(n, root)
+    state = broadcast_object(comm, optimizer.state_dict() if comm.rank == root else None, root,
+                             weights_only=True)
     if comm.rank != root:
-        optimizer.load_state_dict(torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True))
+        optimizer.load_state_dict(state)
     return int(n)
 
 

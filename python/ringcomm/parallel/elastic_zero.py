@@ -55,7 +55,14 @@ the old optimizer (read el.zero.optimizer after a recovery and rebuild it:
 the param group's hyper-parameters, lr included, are restored from G); the
 re-shard broadcasts every old shard state to every survivor (each receives the
 whole model state once, one old shard at a time; a point-to-point re-shard would
-move 1/N of it); a replacement cannot join a ZeRO job (ElasticDataParallel can).
+move 1/N of it).
+
+Replacements. With job=..., rank 0 asks the store once a step whether
+processes wait in ElasticZeroDataParallel.join(module, batch_of, job=...)
+(the answer rides on the step's loss reduction); they are admitted at the
+step's end (comm.grow), receive the members' ZeroDataParallel arguments, and
+the state of that step is re-cut for the grown world the same way, each member
+sending its own snapshot. The joiner's own parameter values do not matter.
 """
 import copy
 import time
@@ -63,7 +70,7 @@ import time
 import torch
 
 from ringcomm.errors import RingcommError
-from ringcomm.parallel.elastic import retry_step, revoke_and_shrink, share
+from ringcomm.parallel.elastic import broadcast_object, retry_step, revoke_and_shrink, share
 from ringcomm.parallel.zero import ZeroDataParallel
 
 GENERATIONS = 2
@@ -80,9 +87,12 @@ class ElasticZeroDataParallel:
         batch_of: step -> the global batch of that step, the same on every rank.
         timeout: seconds each recovery's agreement and shrink may take (default:
             the communicator's timeout).
+        job: admit replacements that wait in ElasticZeroDataParallel.join(job=...)
+            at the end of each step (None: never); as in ElasticDataParallel, rank
+            0 looks once a step and the answer rides on the step's loss reduction.
     """
 
-    def __init__(self, zero, batch_of, timeout=None):
+    def __init__(self, zero, batch_of, timeout=None, job=None, _step=0):
         if not isinstance(zero, ZeroDataParallel):
             raise TypeError(f"expected a ZeroDataParallel, got {type(zero).__name__}")
         if zero.config.get("tp_comm") is not None:
@@ -92,11 +102,32 @@ class ElasticZeroDataParallel:
         self.zero = zero
         self.batch_of = batch_of
         self.timeout = timeout
-        self.step = 0            # steps completed
+        self.job = job
+        self.step = _step        # steps completed
         self.exchanged = None    # the newest generation this rank finished exchanging
         self.recoveries = []
         self._gens = {}          # generation -> _Generation
-        self._protect(0)
+        self._protect(_step)
+
+    @classmethod
+    def join(cls, module, batch_of, store=None, job="default", timeout=None, token=None):
+        """A replacement's side: waits until the members admit it (at the end of one
+        of their steps), builds its ZeroDataParallel over the grown world with the
+        members' arguments (stage, optimizer, mixed precision...), takes its shards
+        of their state (each member sends its own), and returns its
+        ElasticZeroDataParallel, which goes on with the members' next step."""
+        from ringcomm.collectives import init
+
+        # A process's first torch optimizer costs ~2 s of torch's lazy imports (seen on a
+        # 2-core host): pay it before joining, not while the members wait in the re-shard.
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+        comm = init(join=job, store=store, timeout=timeout, token=token)
+        meta = broadcast_object(comm, None, 0)
+        z = _reshard(module, [p for p in module.parameters() if p.requires_grad], meta, comm,
+                     mine=lambda r: None, holder_of=lambda r: r)
+        el = cls(z, batch_of, timeout=timeout, job=job, _step=meta["step"])
+        el.recoveries.append({"step": meta["step"], "lost": [], "joined": [comm.rank], "world": comm.world_size})
+        return el
 
     @property
     def comm(self):
@@ -142,11 +173,53 @@ class ElasticZeroDataParallel:
         # AVG over the ranks of (loss x share x world) = the global batch's mean.
         (loss * (frac * comm.world_size)).backward()
         z.step()
-        total = torch.tensor([float(loss.detach()) * frac], dtype=torch.float64)
+        # The global loss, and (from rank 0) how many replacements wait to join.
+        total = torch.zeros(2, dtype=torch.float64)
+        total[0] = float(loss.detach()) * frac
+        if self.job is not None and comm.rank == 0:
+            from ringcomm import recovery
+
+            total[1] = recovery.waiting(comm._store, self.job)
         comm.all_reduce(total)
         self._protect(self.step + 1)
         self.step += 1
-        return float(total)
+        if total[1] > 0:
+            self._admit()
+        return float(total[0])
+
+    def _admit(self):
+        """At a step boundary (its generation just exchanged): grow the
+        communicator by the waiting replacements and re-shard the state over the
+        grown world, each member sending its own shards. A failure here is
+        recovered like any other (the members roll back to this generation)."""
+        t0 = time.monotonic()
+        old_z = self.zero
+        old = old_z.comm
+        try:
+            new = old.grow(job=self.job, timeout=self.timeout)
+        except (RingcommError, ValueError) as e:  # a joiner that failed: the members go on without it
+            self.recoveries.append({"step": self.step, "lost": [], "joined": [], "world": old.world_size,
+                                    "error": str(e)[:300], "total_s": time.monotonic() - t0})
+            return
+        if new is old:
+            return
+        t_grow = time.monotonic()
+        snap = self._gens[self.step]
+        try:
+            meta = broadcast_object(new, _meta(old_z, snap, self.step) if new.rank == 0 else None, 0)
+            old_z.remove_hooks()
+            z = _reshard(old_z.module, old_z._params, meta, new,
+                         mine=lambda r: snap.own if r == old.rank else None, holder_of=lambda r: r)
+        except BaseException:
+            new.abort("the re-shard for the joiners failed")
+            new.close()
+            raise
+        old.close()
+        self.zero = z
+        self._gens = {}
+        self._protect(self.step)
+        self.recoveries.append({"step": self.step, "lost": [], "joined": list(range(old.world_size, new.world_size)),
+                                "world": new.world_size, "grow_s": t_grow - t0, "total_s": time.monotonic() - t0})
 
     def _recover(self, error):
         t0 = time.monotonic()
@@ -155,7 +228,6 @@ class ElasticZeroDataParallel:
         old_z.remove_hooks()
         new, lost = revoke_and_shrink(old, error, self.timeout)
         t_shrink = time.monotonic()
-        survivors = list(new.parent_ranks)
         had = self.exchanged
         g = torch.tensor([self.exchanged], dtype=torch.int64)
         new.all_reduce(g, op="min")
@@ -163,12 +235,19 @@ class ElasticZeroDataParallel:
         if gen not in self._gens:  # cannot happen (see the module docstring); never guess
             raise RingcommError(f"ringcomm: generation {gen} of the ZeRO state is not on rank {old.rank} "
                                 f"(it keeps {sorted(self._gens)})")
-        holders = _holders(old.world_size, survivors)
-        self.zero = _rebuild(old_z, new, self._gens[gen], holders, old.rank)
+        snap = self._gens[gen]
+        holders = _holders(old.world_size, list(new.parent_ranks))
+
+        def mine(r):
+            holder, kind = holders[r]
+            return None if holder != old.rank else (snap.own if kind == "own" else snap.held)
+
+        self.zero = _reshard(old_z.module, old_z._params, _meta(old_z, snap, gen), new, mine,
+                             holder_of=lambda r: new.parent_ranks.index(holders[r][0]))
         self._gens = {}
         self.step = gen
         self._protect(gen)
-        self.recoveries.append({"step": gen, "lost": lost, "world": new.world_size, "had": had,
+        self.recoveries.append({"step": gen, "lost": lost, "joined": [], "world": new.world_size, "had": had,
                                 "shrink_s": t_shrink - t0, "total_s": time.monotonic() - t0,
                                 "error": str(error)[:300]})
 
@@ -203,6 +282,15 @@ class _Generation:
         return cls(torch.cat(parts), layout, {"scalars": scalars, "group": group, "buffers": buffers})
 
 
+def _meta(z, snap, step):
+    """What reading the old world's shard states back takes (the same on every rank
+    of the old world; what a joiner receives)."""
+    config = {k: v for k, v in z.config.items() if k != "tp_comm"}
+    return {"layout": snap.layout, "local": snap.local, "nbytes": snap.own.numel(), "world": z.world,
+            "shards": [u.shard for u in z.units], "numels": [u.numel for u in z.units],
+            "config": config, "step": step}
+
+
 def _holders(world, survivors):
     """old rank -> (old rank holding its state, "own" | "held"), or the error."""
     alive = set(survivors)
@@ -223,49 +311,48 @@ def _holders(world, survivors):
 
 
 @torch.no_grad()
-def _rebuild(old_z, new, snap, holders, my_old_rank):
-    """A ZeroDataParallel over `new` whose shards are the old world's state of `snap`."""
-    module = old_z.module
-    for p in old_z._params:  # the constructor reads (and broadcasts) real storage
-        p.data = torch.zeros(p.shape, dtype=old_z.param_dtype, device=old_z.device)
+def _reshard(module, params, meta, new, mine, holder_of):
+    """A ZeroDataParallel over `new` (built with meta's arguments) whose shards are
+    the old world's state: old rank r's bytes are broadcast by new rank
+    holder_of(r), which passes them as mine(r) (None elsewhere); every rank keeps
+    the slices of its new shards."""
+    device = params[0].device
+    for p in params:  # the constructor reads (and broadcasts) real storage
+        p.data = torch.zeros(p.shape, dtype=p.dtype, device=device)
         p.grad = None
-    z = ZeroDataParallel(module, new, **old_z.config)
-    old_units = old_z.units
-    if [u.numel for u in z.units] != [u.numel for u in old_units]:
+    z = ZeroDataParallel(module, new, **meta["config"])
+    if [u.numel for u in z.units] != meta["numels"]:
         raise RingcommError("ringcomm: the rebuilt ZeRO layer cut the model into other units")
     masters = [torch.zeros(u.shard, dtype=z.master_dtype, device=z.device) for u in z.units]
     states = [{} for _ in z.units]
-    for j, k, dtype, _, _ in snap.layout:
+    for j, k, dtype, _, _ in meta["layout"]:
         if k != "master":
             states[j][k] = torch.zeros(z.units[j].shard, dtype=dtype, device=z.device)
-    nbytes = snap.own.numel()
-    for r in range(len(holders)):
-        holder, kind = holders[r]
-        if holder == my_old_rank:
-            buf = snap.own if kind == "own" else snap.held
-        else:
-            buf = torch.empty(nbytes, dtype=torch.uint8, device=snap.own.device)
-        new.broadcast(buf, new.parent_ranks.index(holder))
-        for j, k, dtype, off, nb in snap.layout:
-            old_u, u = old_units[j], z.units[j]
+    for r in range(meta["world"]):
+        buf = mine(r)
+        if buf is None:
+            buf = torch.empty(meta["nbytes"], dtype=torch.uint8, device=z.device)
+        new.broadcast(buf, holder_of(r))
+        for j, k, dtype, off, nb in meta["layout"]:
+            u, shard = z.units[j], meta["shards"][j]
             piece = buf[off:off + nb].view(dtype)
-            lo, hi = r * old_u.shard, min((r + 1) * old_u.shard, old_u.numel)  # elements of the flat
+            lo, hi = r * shard, min((r + 1) * shard, u.numel)  # elements of the flat
             a, b = max(lo, u.lo), min(hi, u.hi)
             if a < b:
                 dst = masters[j] if k == "master" else states[j][k]
                 dst[a - u.lo:b - u.lo].copy_(piece[a - lo:b - lo])
     for u, m in zip(z.units, masters):
         u.master.copy_(m)
-    inner = {"param_groups": [{**snap.local["group"], "params": list(range(len(z.units)))}], "state": {}}
+    local = meta["local"]
+    inner = {"param_groups": [{**local["group"], "params": list(range(len(z.units)))}], "state": {}}
     for j in range(len(z.units)):
         st = dict(states[j])
-        st.update({k: (v.clone() if torch.is_tensor(v) else v)
-                   for (jj, k), v in snap.local["scalars"].items() if jj == j})
+        st.update({k: (v.clone() if torch.is_tensor(v) else v) for (jj, k), v in local["scalars"].items() if jj == j})
         if st:
             inner["state"][j] = st
     z.optimizer.load_state_dict(inner)
     for n, b in module.named_buffers():
-        b.copy_(snap.local["buffers"][n])
+        b.copy_(local["buffers"][n])
     z._publish()
     return z
 

@@ -69,7 +69,6 @@ import collections
 import contextlib
 import copy
 import functools
-import io
 
 import torch
 import torch.nn as nn
@@ -789,17 +788,9 @@ class ZeroDataParallel(nn.Module):
             b.copy_(model[n])
 
     def _broadcast_object(self, obj, src):
-        data = torch.zeros(1, dtype=torch.int64)
-        if self.rank == src:
-            buf = io.BytesIO()
-            torch.save(obj, buf)
-            payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-            data[0] = payload.numel()
-        self.comm.broadcast(data, src)
-        if self.rank != src:
-            payload = torch.empty(int(data[0]), dtype=torch.uint8)
-        self.comm.broadcast(payload, src)
-        return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+        from ringcomm.parallel.elastic import broadcast_object
+
+        return broadcast_object(self.comm, obj, src)
 
     def _flush_quietly(self):
         if self.stage != 1 and any(u.rs for u in self.units):
