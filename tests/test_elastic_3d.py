@@ -21,6 +21,7 @@ import copy
 import os
 import signal
 import sys
+import time
 
 import harness
 
@@ -96,14 +97,16 @@ def _train(comm):
 
     def kill(module, args):
         if el.step == KILL_STEP and r == 3:
+            harness.context().store.set("killed_at", repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
 
     stage.register_forward_pre_hook(kill)
-    losses = {}
+    losses, done_at = {}, {}
     try:
         while el.step < STEPS:
             loss = el.train_step()
             losses[el.step - 1] = loss
+            done_at[el.step - 1] = time.time()
     except ReplicaDropped as e:
         return {"dropped": str(e), "losses": losses}
     for step, loss in el.history:  # a step kept during a recovery (ranks 4, 5 at BEHIND_STEP) too
@@ -113,7 +116,8 @@ def _train(comm):
     want = tensor_parallel(copy.deepcopy(_reference()[1][start:end]), g2.tp)
     diff = max((a.detach() - b.detach()).abs().max().item()
                for a, b in zip(stage.parameters(), want.parameters()))
-    out = {"losses": losses, "recoveries": el.recoveries, "world": el.world.world_size, "dp": g2.dp_size,
+    out = {"losses": losses, "recoveries": el.recoveries,
+           "after_kill_s": done_at[KILL_STEP] - float(harness.context().store.get("killed_at")), "world": el.world.world_size, "dp": g2.dp_size,
            "coords": (g2.tp_rank, g2.pp_rank), "was": (g.tp_rank, g.pp_rank), "param_diff": diff}
     g2.close()
     el.world.close()
@@ -135,13 +139,17 @@ def test_3d_training_drops_the_replica_of_a_lost_rank_and_goes_on():
         got = [(x["step"], x["lost"], x["world"], x["dp"], x["kept"]) for x in out["recoveries"]]
         print(f"rank {r}: " + "; ".join(f"step {x['step']}: lost {x['lost']} -> world {x['world']} (dp "
                                         f"{x['dp']}), kept the step {x['kept']}, {x['total_s'] * 1e3:.0f} ms"
-                                        for x in out["recoveries"]) + f"; param diff {out['param_diff']:.2g}")
+                                        for x in out["recoveries"]) + f"; param diff {out['param_diff']:.2g}; step "
+              f"{KILL_STEP} done {out['after_kill_s'] * 1e3:.0f} ms after the kill")
         want = [(BEHIND_STEP + 1, [], 8, 2, r in (4, 5)), (KILL_STEP, [2, 3, 6, 7], 4, 1, False)]
         if got != want:
             fails.append(f"rank {r}: recoveries {got}, want {want}")
         if out["coords"] != out["was"]:
             fails.append(f"rank {r}: coordinates {out['was']} -> {out['coords']}")
         fails += harness.loss_mismatches(f"rank {r}", out["losses"], ref_losses, 1e-4)
+        # ~0.6 s on an idle 2-core host (8 processes); the bound leaves room for a busy one
+        if out["after_kill_s"] > 3.0:
+            fails.append(f"rank {r}: step {KILL_STEP} completed {out['after_kill_s']:.2f} s after the kill")
         if out["param_diff"] > 1e-4:
             fails.append(f"rank {r}: parameters differ from the dense run's by {out['param_diff']:.3g}")
     assert not fails, "\n".join(fails)
