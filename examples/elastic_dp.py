@@ -2,6 +2,7 @@
 
     python examples/elastic_dp.py                        # 4 ranks, shared memory
     python examples/elastic_dp.py --transport tcp --kill-step 5 --join-step 9
+    python examples/elastic_dp.py --zero 3               # ZeRO-3: shards kept on the next rank too
 
 This launcher serves the rendezvous store itself (a TCPStore that outlives the
 workers, as torchrun's agent does) and starts --world worker processes that
@@ -72,7 +73,7 @@ def worker(rank, world, port, args, replacement):
     import torch
 
     import ringcomm
-    from ringcomm.parallel import DataParallel, ElasticDataParallel
+    from ringcomm.parallel import DataParallel, ElasticDataParallel, ElasticZeroDataParallel, ZeroDataParallel
 
     torch.set_num_threads(1)
     os.environ["RINGCOMM_TRANSPORT"] = args.transport
@@ -82,12 +83,20 @@ def worker(rank, world, port, args, replacement):
     if replacement:
         if not args.replace_at_kill:
             store.wait([f"done/{args.join_step - 1}"], timedelta(seconds=args.timeout))
-        el = ElasticDataParallel.join(model, opt, batch_of, store=store, job=JOB, timeout=60)
+        if args.zero:
+            el = ElasticZeroDataParallel.join(model, batch_of, store=store, job=JOB, timeout=60)
+        else:
+            el = ElasticDataParallel.join(model, opt, batch_of, store=store, job=JOB, timeout=60)
         print(f"[replacement] admitted as rank {el.comm.rank} of {el.comm.world_size}, from step {el.step}",
               flush=True)
     else:
         comm = ringcomm.init(rank=rank, world_size=world, store=store, timeout=60)
-        el = ElasticDataParallel(DataParallel(model, comm), opt, batch_of, job=JOB)
+        if args.zero:  # the same optimizer, its state sharded (and each shard kept on the next rank too)
+            z = ZeroDataParallel(model, comm, stage=args.zero, optimizer_class=torch.optim.SGD, lr=0.05,
+                                 momentum=0.9)
+            el = ElasticZeroDataParallel(z, batch_of, job=JOB)
+        else:
+            el = ElasticDataParallel(DataParallel(model, comm), opt, batch_of, job=JOB)
     ref = reference(args.steps)
     seen = len(el.recoveries)
     while el.step < args.steps:
@@ -132,6 +141,8 @@ def main():
     ap.add_argument("--kill-step", type=int, default=7)
     ap.add_argument("--join-step", type=int, default=12, help="-1: no replacement")
     ap.add_argument("--transport", choices=("shm", "tcp"), default="shm")
+    ap.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                    help="ZeroDataParallel of this stage (ElasticZeroDataParallel) instead of DataParallel")
     ap.add_argument("--step-time", type=float, default=0.05, help="seconds of other work per step")
     ap.add_argument("--replace-at-kill", action="store_true",
                     help="start the replacement right after the kill; it is admitted once it is up")

@@ -187,10 +187,12 @@ def test_dp_survives_a_lost_rank(transport):
     assert not fails, "\n".join(fails)
 
 
-def test_the_elastic_example_survives_a_kill():
+@pytest.mark.parametrize("zero", [0, 3])
+def test_the_elastic_example_survives_a_kill(zero):
     """examples/elastic_dp.py as a user runs it (its own launcher and store):
     worker 2 killed at step 5, a replacement admitted after step 8; every
-    step's loss is checked against the fault-free run by the workers."""
+    step's loss is checked against the fault-free run by the workers. With
+    --zero 3 the same job runs on ElasticZeroDataParallel."""
     import re
     import subprocess
 
@@ -198,7 +200,7 @@ def test_the_elastic_example_survives_a_kill():
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
     env.update(OMP_NUM_THREADS="1")
     cmd = [sys.executable, os.path.join(root, "examples", "elastic_dp.py"), "--steps", "11", "--kill-step", "5",
-           "--join-step", "8", "--timeout", "100"]
+           "--join-step", "8", "--timeout", "100", "--zero", str(zero)]
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:

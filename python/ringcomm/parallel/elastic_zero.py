@@ -104,6 +104,7 @@ class ElasticZeroDataParallel:
         self.timeout = timeout
         self.job = job
         self.step = _step        # steps completed
+        self.last_world = None   # how many ranks shared the last completed step
         self.exchanged = None    # the newest generation this rank finished exchanging
         self.recoveries = []
         self._gens = {}          # generation -> _Generation
@@ -183,6 +184,7 @@ class ElasticZeroDataParallel:
         comm.all_reduce(total)
         self._protect(self.step + 1)
         self.step += 1
+        self.last_world = comm.world_size
         if total[1] > 0:
             self._admit()
         return float(total[0])
