@@ -1,4 +1,4 @@
-"""Recovery from a lost rank, five ways, in one run: the time from the kill to
+"""Recovery from a lost rank, seven ways, in one run: the time from the kill to
 the next completed step, and the steps lost (issue 23).
 
     python benchmarks/recovery_table.py [--repeats 3]
@@ -12,6 +12,9 @@ examples/elastic_dp.py); worker 2 is SIGKILLed during step 7.
 - ringcomm grow: the same, and a replacement process is started at the kill;
   the members admit it at the first step boundary after it is up
   (--replace-at-kill): also the time until the world is 4 again.
+- ringcomm ZeRO-3 shrink / grow: the same two on ElasticZeroDataParallel
+  (ZeroDataParallel stage 3, --zero 3): the survivors rebuild the lost rank's
+  shards from its successor's copy; a replacement gets its shards re-cut.
 - torchft on ringcomm / on Gloo: 4 replica groups of one process each
   (benchmarks/torchft_replica.py) under a lighthouse in this process (1 s
   heartbeat timeout); replica 0's next committed step.
@@ -52,10 +55,10 @@ def _run(cmd, timeout=240):
     return proc.returncode, out
 
 
-def elastic(tmp, grow):
+def elastic(tmp, grow, zero=0):
     report = os.path.join(tmp, "report.json")
     cmd = [sys.executable, os.path.join(ROOT, "examples", "elastic_dp.py"), "--kill-step", str(KILL_STEP),
-           "--step-time", str(STEP_TIME), "--report", report]
+           "--step-time", str(STEP_TIME), "--report", report, "--zero", str(zero)]
     cmd += ["--replace-at-kill", "--steps", "90"] if grow else ["--join-step", "-1", "--steps", "12"]
     rc, out = _run(cmd)
     if rc != 0:
@@ -124,6 +127,8 @@ def torchrun_restart(tmp):
 METHODS = [
     ("ringcomm shrink", lambda tmp: elastic(tmp, grow=False)),
     ("ringcomm grow", lambda tmp: elastic(tmp, grow=True)),
+    ("ringcomm ZeRO-3 shrink", lambda tmp: elastic(tmp, grow=False, zero=3)),
+    ("ringcomm ZeRO-3 grow", lambda tmp: elastic(tmp, grow=True, zero=3)),
     ("torchft on ringcomm", lambda tmp: torchft(tmp, "ringcomm")),
     ("torchft on Gloo", lambda tmp: torchft(tmp, "gloo")),
     ("torchrun restart", torchrun_restart),
