@@ -220,6 +220,9 @@ def _kill_and_recover(ctx, fails, msgs):
     if t_step - t0 > 5:
         fails.append(f"kill: rank {r} needed {t_step - t0:.1f} s from the kill to a working communicator")
     # A shrink of the shrink, by ranks 0 and 1 only (rank 2 is excluded and does not call).
+    # Not before rank 2's check is done: the shrink revokes the child, and a revoke
+    # interrupts every rank's call in flight, also one that completed elsewhere.
+    _sync(ctx, "kill-checked", ranks=[0, 1, 2])
     if r < 2:
         grand = child.shrink(exclude=[2])
         if (grand.world_size, grand.rank, grand.parent_ranks) != (2, r, [0, 1]):
