@@ -66,6 +66,20 @@ def revoke_and_shrink(old, error, timeout):
     return new, lost
 
 
+def loss_and_joiners(comm, loss, frac, job):
+    """One all_reduce of [this rank's share of the step's loss, and (rank 0's
+    look into the store, with job set) how many replacements wait to join]:
+    every rank learns the global loss and admits at the same step."""
+    total = torch.zeros(2, dtype=torch.float64)
+    total[0] = float(loss.detach()) * frac
+    if job is not None and comm.rank == 0:
+        from ringcomm import recovery
+
+        total[1] = recovery.waiting(comm._store, job)
+    comm.all_reduce(total)
+    return total
+
+
 def _as_tuple(batch):
     return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
@@ -166,14 +180,7 @@ class ElasticDataParallel:
         # AVG over the ranks of (loss x share x world) = the global batch's mean.
         (loss * (frac * comm.world_size)).backward()
         self.dp.finish()
-        # The global loss, and (from rank 0) how many replacements wait to join.
-        total = torch.zeros(2, dtype=torch.float64)
-        total[0] = float(loss.detach()) * frac
-        if self.job is not None and comm.rank == 0:
-            from ringcomm import recovery
-
-            total[1] = recovery.waiting(comm._store, self.job)
-        comm.all_reduce(total)
+        total = loss_and_joiners(comm, loss, frac, self.job)
         self.optimizer.step()  # nothing can fail after this: the step is complete here
         self.step += 1
         self.last_world = comm.world_size

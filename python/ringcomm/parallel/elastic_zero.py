@@ -70,7 +70,7 @@ import time
 import torch
 
 from ringcomm.errors import RingcommError
-from ringcomm.parallel.elastic import broadcast_object, retry_step, revoke_and_shrink, share
+from ringcomm.parallel.elastic import broadcast_object, loss_and_joiners, retry_step, revoke_and_shrink, share
 from ringcomm.parallel.zero import ZeroDataParallel
 
 GENERATIONS = 2
@@ -174,14 +174,7 @@ class ElasticZeroDataParallel:
         # AVG over the ranks of (loss x share x world) = the global batch's mean.
         (loss * (frac * comm.world_size)).backward()
         z.step()
-        # The global loss, and (from rank 0) how many replacements wait to join.
-        total = torch.zeros(2, dtype=torch.float64)
-        total[0] = float(loss.detach()) * frac
-        if self.job is not None and comm.rank == 0:
-            from ringcomm import recovery
-
-            total[1] = recovery.waiting(comm._store, self.job)
-        comm.all_reduce(total)
+        total = loss_and_joiners(comm, loss, frac, self.job)
         self._protect(self.step + 1)
         self.step += 1
         self.last_world = comm.world_size
