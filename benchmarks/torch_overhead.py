@@ -1,9 +1,12 @@
 """Per-call cost of going through torch.distributed: a 4-byte all_reduce.
 
-Three ways, measured side by side in one run, 2 ranks on this host:
+Four ways, measured side by side in one run, 2 ranks on this host:
   ringcomm API    comm.all_reduce(x)                    (the group's own Communicator)
   dist/ringcomm   dist.all_reduce(x) on the "ringcomm" group
   dist/gloo       dist.all_reduce(x) on a gloo group over the same ranks
+  dist/no-op      dist.all_reduce(x) on a Python ProcessGroup that does nothing
+                  and returns a completed Work: the floor torch's own dispatch
+                  to a Python process group (ringcomm's kind) costs
 Each round times `--calls` back-to-back calls of each way in turn (the order
 rotates per round); the figure is the median over rounds of the per-call time
 of rank 0 (both ranks take part in every call). Also the same for async_op=True
@@ -22,16 +25,52 @@ from datetime import timedelta
 from ringcomm.bench.report import _cpu_model
 
 
+def _register_noop_backend():
+    """"noop": a Python ProcessGroup whose calls do nothing (the dispatch floor)."""
+    import torch.distributed as dist
+
+    class NoWork(dist._Work):
+        def wait(self, timeout=None):
+            return True
+
+        def is_completed(self):
+            return True
+
+        def is_success(self):
+            return True
+
+    class NoOpGroup(dist.ProcessGroup):
+        def getBackendName(self):
+            return "noop"
+
+        def allreduce(self, tensors, opts=None):
+            return NoWork()
+
+        def send(self, tensors, dst, tag=0):
+            return NoWork()
+
+        def recv(self, tensors, src, tag=0):
+            return NoWork()
+
+        def barrier(self, opts=None):
+            return NoWork()
+
+    dist.Backend.register_backend("noop", lambda o, _: NoOpGroup(o.group_rank, o.group_size),
+                                  extended_api=True, devices=["cpu"])
+
+
 def rank_main(rank, world, port, rounds, calls, q):
     import torch
     import torch.distributed as dist
 
     import ringcomm.torch_backend  # noqa: F401
+    _register_noop_backend()
 
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=60))
     dist.init_process_group("ringcomm", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
     rc = dist.group.WORLD
     gloo = dist.new_group(backend="gloo")
+    noop = dist.new_group(backend="noop")
     comm = rc.communicator
     x = torch.ones(1, dtype=torch.float32)
     peer = 1 - rank
@@ -47,6 +86,11 @@ def rank_main(rank, world, port, rounds, calls, q):
 
     def api_async():
         comm.all_reduce(x, async_op=True).wait()
+
+    native = comm._native
+
+    def native_async():  # the C++ path alone: no Python Work, no tracking
+        native.all_reduce(x, 0, True).wait(-1.0)
 
     def pingpong(group):
         def f():
@@ -70,12 +114,16 @@ def rank_main(rank, world, port, rounds, calls, q):
         "all_reduce: ringcomm API": api,
         "all_reduce: dist/ringcomm": via(rc),
         "all_reduce: dist/gloo": via(gloo),
+        "all_reduce: dist/no-op (floor)": via(noop),
         "all_reduce async+wait: ringcomm API": api_async,
         "all_reduce async+wait: dist/ringcomm": via_async(rc),
         "all_reduce async+wait: dist/gloo": via_async(gloo),
+        "all_reduce async+wait: dist/no-op (floor)": via_async(noop),
+        "all_reduce async+wait: native Work": native_async,
         "send/recv ping-pong (1/2 RTT): ringcomm API": api_pingpong,
         "send/recv ping-pong (1/2 RTT): dist/ringcomm": pingpong(rc),
         "send/recv ping-pong (1/2 RTT): dist/gloo": pingpong(gloo),
+        "send/recv ping-pong (1/2 RTT): dist/no-op (floor)": pingpong(noop),
     }
     names = list(ways)
     for f in ways.values():  # warm up

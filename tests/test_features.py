@@ -16,7 +16,7 @@ import harness
 from checks import BIG, compare, empty_buf, first_line, gen, make_buf
 
 WORLD_SIZES = [1, 2, 3, 4]
-SECTIONS = ("barrier", "send_recv", "async", "split", "threads", "bad_inputs", "small_all_reduce")
+SECTIONS = ("barrier", "send_recv", "async", "handoff", "split", "threads", "bad_inputs", "small_all_reduce")
 
 
 # ---------------------------------------------------------------------- sections
@@ -270,6 +270,68 @@ def _split_lists(ws):
     if ws == 2:
         return [[1, 0], [1]]
     return [[0]]
+
+
+def section_handoff(comm, fail):
+    """Small async calls are left to the thread that waits for them for a moment
+    (csrc/comm/communicator_queue.cpp): one nobody waits for still progresses
+    in the background within milliseconds, and a timed wait does not run the
+    call itself (it would block past its limit)."""
+    import ringcomm
+
+    r, ws = comm.rank, comm.world_size
+    if ws == 1:
+        return
+    # An async all_reduce that rank 0 never waits for: the peers' blocking call completes.
+    for it in range(3):
+        x = np.full(4, r + it, np.float32)
+        if r == 0:
+            w = comm.all_reduce(x, async_op=True)
+            if not checks.within(5.0, w.is_completed):
+                fail(f"round {it}: an async all_reduce nobody waits for was not complete after 5 s")
+            comm.barrier()
+        else:
+            t0 = time.monotonic()
+            comm.all_reduce(x)
+            dt = time.monotonic() - t0
+            comm.barrier()
+            if dt > 2.0:
+                fail(f"round {it}: a blocking all_reduce took {dt:.2f} s while rank 0's async one was "
+                     "not waited for (the hand-off must not hold it back)")
+        if not (x == ws * (ws - 1) / 2 + ws * it).all():
+            fail(f"round {it}: all_reduce gave {x}")
+    # An isend nobody waits for: the receiver's blocking recv completes.
+    if r == 0:
+        keep = np.arange(5, dtype=np.int64)
+        w = comm.send(keep, 1, async_op=True)
+        if not checks.within(5.0, w.is_completed):
+            fail("an isend nobody waits for was not complete after 5 s")
+    elif r == 1:
+        got = np.zeros(5, np.int64)
+        t0 = time.monotonic()
+        comm.recv(got, 0)
+        dt = time.monotonic() - t0
+        if dt > 2.0 or not (got == np.arange(5)).all():
+            fail(f"recv of rank 0's unwaited isend: {got} after {dt:.2f} s")
+    comm.barrier()
+    # A timed wait on an async all_reduce whose peers come late raises in time,
+    # and the call completes once they come.
+    y = np.full(3, r, np.float64)
+    if r == 0:
+        w = comm.all_reduce(y, async_op=True)
+        t0 = time.monotonic()
+        try:
+            w.wait(timeout=0.05)
+            fail("wait(timeout=0.05) returned although the peers issue their all_reduce 0.6 s later")
+        except ringcomm.TimeoutError:
+            if time.monotonic() - t0 > 0.4:
+                fail(f"wait(timeout=0.05) raised after {time.monotonic() - t0:.2f} s")
+        w.wait()
+    else:
+        time.sleep(0.6)
+        comm.all_reduce(y)
+    if not (y == ws * (ws - 1) / 2).all():
+        fail(f"all_reduce after a timed wait gave {y}")
 
 
 def section_split(comm, fail):
@@ -591,6 +653,11 @@ def test_send_recv(world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_async_ops_in_flight(world_size):
     harness.assert_no_failures([r["async"] for r in _results(world_size)])
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_async_hand_off(world_size):
+    harness.assert_no_failures([r["handoff"] for r in _results(world_size)])
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

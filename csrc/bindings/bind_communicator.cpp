@@ -49,7 +49,7 @@ void bind_communicator(py::module_& m) {
   m.def("sweep_segments", &Segment::sweep_orphans,
         "Removes this user's ringcomm segments whose owner process is gone; returns how many.");
 
-  py::class_<Work, std::shared_ptr<Work>>(m, "Work", py::dynamic_attr())
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def("wait", &Work::wait, py::arg("timeout_s") = -1.0, py::call_guard<ReleaseGil>())
       .def("is_completed", &Work::is_completed)
       .def("error_message", &Work::error_message)
@@ -105,7 +105,7 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.reduce_scatter(o, i, to_op(op), async);
         }
-        return finish(std::move(w), py::make_tuple(out, in));
+        return finish(std::move(w));
       })
       .def("all_gather", [](C& c, py::handle out, py::handle in, bool async) {
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
@@ -114,7 +114,7 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.all_gather(o, i, async);
         }
-        return finish(std::move(w), py::make_tuple(out, in));
+        return finish(std::move(w));
       })
       .def("broadcast", [](C& c, py::handle x, int src, bool async) {
         Buffer b = buffer_from_python(x, "tensor", true);
@@ -123,7 +123,7 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.broadcast(b, src, async);
         }
-        return finish(std::move(w), py::make_tuple(x));
+        return finish(std::move(w));
       })
       .def("reduce", [](C& c, py::handle x, int dst, int op, bool async) {
         Buffer b = buffer_from_python(x, "tensor", true);
@@ -132,7 +132,7 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.reduce(b, dst, to_op(op), async);
         }
-        return finish(std::move(w), py::make_tuple(x));
+        return finish(std::move(w));
       })
       .def("scatter", [](C& c, py::handle out, py::handle in, int src, bool async) {
         Buffer o = buffer_from_python(out, "output", true);
@@ -142,7 +142,7 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.scatter(o, i, src, async);
         }
-        return finish(std::move(w), py::make_tuple(out, in));
+        return finish(std::move(w));
       })
       .def("gather", [](C& c, py::handle out, py::handle in, int dst, bool async) {
         Buffer o = c.rank() == dst ? buffer_from_python(out, "output", true, true) : Buffer{};
@@ -152,7 +152,7 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.gather(o, i, dst, async);
         }
-        return finish(std::move(w), py::make_tuple(out, in));
+        return finish(std::move(w));
       })
       .def("all_to_all", [](C& c, py::handle out, py::handle in, bool async) {
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
@@ -161,7 +161,7 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.all_to_all(o, i, async);
         }
-        return finish(std::move(w), py::make_tuple(out, in));
+        return finish(std::move(w));
       })
       // send and recv are bound in bind_fast_calls.cpp.
       .def("sendrecv", [](C& c, py::handle send, int dst, py::handle recv, int src) {
@@ -176,7 +176,7 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.barrier(async);
         }
-        return finish(std::move(w), py::make_tuple());
+        return finish(std::move(w));
       });
 }
 

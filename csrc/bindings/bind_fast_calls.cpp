@@ -41,7 +41,7 @@ PyObject* all_reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       w = c.all_reduce(b, to_op(op), async != 0);
     }
     if (!w) Py_RETURN_NONE;
-    return finish(std::move(w), py::make_tuple(py::handle(args[0]))).release().ptr();
+    return finish(std::move(w)).release().ptr();
   } catch (...) {
     return raise_current_exception();
   }
@@ -75,7 +75,7 @@ PyObject* send(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       w = c.send(b, dst, tag, async != 0);
     }
     if (!w) Py_RETURN_NONE;
-    return finish(std::move(w), py::make_tuple(py::handle(args[0]))).release().ptr();
+    return finish(std::move(w)).release().ptr();
   } catch (...) {
     return raise_current_exception();
   }
@@ -98,7 +98,7 @@ PyObject* recv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
       w = c.recv(b, src, tag, async != 0, &source);
     }
     if (!w) return PyLong_FromLong(source);
-    return finish(std::move(w), py::make_tuple(py::handle(args[0]))).release().ptr();
+    return finish(std::move(w)).release().ptr();
   } catch (...) {
     return raise_current_exception();
   }

@@ -12,14 +12,14 @@
 
 namespace ringcomm {
 
-// Asynchronous calls keep their buffers alive through the Work (the Python
-// layer also holds in-flight Works until they complete). None after a
-// synchronous call.
-inline pybind11::object finish(std::shared_ptr<Work> work, pybind11::tuple keep) {
+// The Work of an asynchronous call (None after a synchronous one). Its
+// buffers are kept alive by the Python layer, which holds each in-flight
+// Work with them until it completed (ringcomm/communicator.py _track): the
+// native Work holds no Python object, so that making one per call allocates
+// nothing the cycle collector tracks.
+inline pybind11::object finish(std::shared_ptr<Work> work) {
   if (!work) return pybind11::none();
-  pybind11::object w = pybind11::cast(std::move(work));
-  w.attr("_buffers") = std::move(keep);
-  return w;
+  return pybind11::cast(std::move(work));
 }
 
 // Whether a signal handler raised (Ctrl-C -> KeyboardInterrupt) in this

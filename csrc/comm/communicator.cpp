@@ -115,7 +115,7 @@ void Communicator::close() {
   const bool busy = inside_.load() > 0 || waiters_->load() > 0;
   bool announce = false;
   if (busy && error_.empty()) {
-    error_ = "the communicator was closed by another thread while " + (running_ ? running_name_ : std::string("a call")) +
+    error_ = "the communicator was closed by another thread while " + (running_ ? running_text() : std::string("a call")) +
              " was in flight";
     announce = true;
   }

@@ -201,6 +201,9 @@ class Communicator {
     int64_t p2p_tag = 0;
     Buffer a, b;    // a: in-place buffer or output, b: input
     size_t model_bytes = 0;  // the call's size as the cost model counts it (call_model_bytes)
+    // Queued calls: when the worker may take it (the hand-off rule in
+    // communicator_queue.cpp); the epoch: at once.
+    Clock::time_point due{};
     // What errors and records call it: the op's name (a literal), or for
     // send/recv "send to rank 2 (tag 5)", built when it is numbered. A
     // collective's call builds no string.
@@ -263,8 +266,11 @@ class Communicator {
   // The model over topo_ with `params` (a copy: it may be model_'s own).
   void rebuild_model(CostParams params);
   void worker_loop();
-  void run_front(std::unique_lock<std::mutex>& lk);
-  void help(const Work* work);
+  // Runs the oldest queued call; `take_queued`: a send/recv group takes the
+  // send/recv calls queued while it runs (the worker's groups).
+  void run_front(std::unique_lock<std::mutex>& lk, bool take_queued = true);
+  // A thread that waits for `work` (`may_run`: without a time limit).
+  void help(const Work* work, bool may_run);
   void check_usable();
   // Holds mu_: the thread rule (see communicator.cpp) for a call issued now.
   void check_thread(const Call& call);
@@ -350,13 +356,21 @@ class Communicator {
   std::deque<Item> queue_;
   bool running_ = false;  // a call is executing (inline or on the worker)
   // ... which one: a literal, the name of the call run inline (alive while
-  // it runs), or running_owned_ (guarded by mu_ like running_).
+  // it runs), or running_p2p_name_ (a queued send/recv's, copied); with
+  // running_seq_, a queued call's number (0: none). Guarded by mu_ like running_.
   const char* running_name_ = "";
-  std::string running_owned_;
+  char running_p2p_name_[64] = {};
+  uint64_t running_seq_ = 0;
+  std::string running_text() const;  // "all_reduce (seq 4)"
   std::thread::id issuer_;    // the thread that issued the latest call
   bool stop_ = false;
   bool closing_ = false;
   bool worker_done_ = false;  // the worker left its loop (close)
+  // The hand-off rule (communicator_queue.cpp): the worker sleeps in timed
+  // waits (`worker_ticking_`) until `linger_until_`, so that a small async
+  // call queued meanwhile needs no wake-up.
+  bool worker_ticking_ = false;
+  Clock::time_point linger_until_{};
   std::atomic<bool> closed_{false};
   std::condition_variable closed_cv_;
   std::atomic<int> inside_{0};                                                // threads in calls

@@ -17,6 +17,7 @@ void Communicator::sendrecv(Buffer send_buf, int dst, Buffer recv_buf, int src) 
     // Both run in this thread as one group (the latency path).
     running_ = true;
     running_name_ = "sendrecv";  // (a literal: no string built per call)
+    running_seq_ = 0;
     lk.unlock();
     Work ws(m[0].call.op), wr(m[1].call.op);  // never waited on
     m[0].work = &ws;

@@ -3,6 +3,8 @@
 // synchronous calls, and waiters that run the queue themselves (help).
 #include "comm/communicator.h"
 
+#include <cstring>
+
 namespace ringcomm {
 
 // Sequence numbers follow issue order: collectives count on the
@@ -30,7 +32,7 @@ void Communicator::check_thread(const Call& call) {
   const bool busy = running_ || !queue_.empty();
   if (busy && issuer_ != me && issuer_ != std::thread::id()) {
     const char* name = call.name();
-    const std::string other = running_ ? std::string(running_name_) : std::string(queue_.front().first.name());
+    const std::string other = running_ ? running_text() : std::string(queue_.front().first.name());
     const std::string msg = "ringcomm: " + std::string(name) + " was called on rank " + std::to_string(rank_) +
                             " from a second thread while " + other +
                             ", issued by another thread, was still in flight: calls on one communicator must come "
@@ -58,27 +60,56 @@ CallInfo Communicator::info_of(const Call& c) const {
   return info;
 }
 
+std::string Communicator::running_text() const {
+  std::string s = running_name_;
+  if (running_seq_) s += " (seq " + std::to_string(running_seq_) + ")";
+  return s;
+}
+
 std::vector<std::string> Communicator::in_flight() {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<std::string> out;
-  if (running_) out.push_back(running_name_);
+  if (running_) out.push_back(running_text());
   for (const Item& it : queue_) out.push_back(std::string(it.first.name()) + " (seq " + std::to_string(it.first.tag.seq) + ")");
   return out;
 }
 
+// The hand-off rule. A small async call is left to the thread that waits
+// for it for a moment (kHandOff) before the worker may take it: waking the
+// worker and then the waiter costs two thread wake-ups (tens of
+// microseconds on a VM, and on a machine with as many busy threads as cores,
+// a preempted peer), far more than the call. The call is not held back: the
+// waiter runs it at wait() (as MPI progresses at MPI_Wait), or the worker
+// takes it once due, without being woken, since after a small async call it
+// sleeps in kHandOff slices for kLinger. Large calls, which are the ones
+// overlapped with compute, go to the worker at once.
+namespace {
+constexpr size_t kHandOffBytes = 64 << 10;
+constexpr auto kHandOff = std::chrono::microseconds(200);
+constexpr auto kLinger = std::chrono::milliseconds(20);
+}  // namespace
+
 // Queues a call for the worker (or a thread that helps). Holds mu_ via lk,
-// which it releases. `notify`: wake the worker; a caller that is about to
-// wait on the call itself leaves it asleep (its wait runs the call, and a
-// busy worker takes queued calls without being woken).
-std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify) {
+// which it releases. `async`: the caller returns a Work (the worker is to
+// progress the call); otherwise the caller is about to wait on the call
+// itself, and leaves the worker asleep (its wait runs the call, and a busy
+// worker takes queued calls without being woken).
+std::shared_ptr<Work> Communicator::enqueue(Call call, std::unique_lock<std::mutex>& lk, bool async) {
   record(call, CallState::kIssued);  // (a call run inline goes straight to kRunning)
   auto work = std::make_shared<Work>(call.name(), waiters_);
-  work->set_helper([this, w = work.get()] { help(w); });
+  work->set_helper([this, w = work.get()](bool may_run) { help(w, may_run); });
   work->set_on_interrupt([this](const std::string& why) { abort(why); });
   call.memo_owner = false;  // run by whichever thread takes the queue
+  const size_t bytes = call.kind == OpKind::kSend ? call.a.nbytes() : call.model_bytes;
+  const bool hand_off = async && bytes <= kHandOffBytes;
+  if (hand_off) {
+    const auto now = Clock::now();
+    call.due = now + kHandOff;
+    linger_until_ = now + kLinger;
+  }
   queue_.emplace_back(std::move(call), work);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-  if (notify) cv_.notify_all();
+  if (async && !(hand_off && worker_ticking_)) cv_.notify_all();
   lk.unlock();
   router_.wake();  // a worker asleep in a send/recv group picks the new call up
   return work;
@@ -99,6 +130,7 @@ std::shared_ptr<Work> Communicator::submit(Call&& call, bool async, int* source)
   if (!async && queue_.empty() && !running_) {
     // The latency path: run in this thread, no allocation, no hand-off.
     running_ = true;
+    running_seq_ = 0;
     if (call.kind != OpKind::kSend) {
       running_name_ = call.name();  // `call` stays here while it runs
     } else {
@@ -134,19 +166,25 @@ std::shared_ptr<Work> Communicator::submit(Call&& call, bool async, int* source)
 }
 
 // Runs the oldest queued call; `lk` holds mu_ and the queue is not empty.
-void Communicator::run_front(std::unique_lock<std::mutex>& lk) {
+void Communicator::run_front(std::unique_lock<std::mutex>& lk, bool take_queued) {
   auto item = std::move(queue_.front());
   queue_.pop_front();
   running_ = true;
-  running_owned_ = std::string(item.first.name()) + " (seq " + std::to_string(item.first.tag.seq) + ")";
-  running_name_ = running_owned_.c_str();
+  // Named without building a string per call (in_flight() adds the seq).
+  if (item.first.kind == OpKind::kSend) {
+    std::strncpy(running_p2p_name_, item.first.name(), sizeof(running_p2p_name_) - 1);
+    running_name_ = running_p2p_name_;
+  } else {
+    running_name_ = item.first.op;
+  }
+  running_seq_ = item.first.tag.seq;
   lk.unlock();
   if (item.first.kind == OpKind::kSend) {
     P2pMember m;
     m.call = std::move(item.first);
     m.work = item.second.get();
     m.keep = std::move(item.second);
-    execute_p2p(&m, 1, true);
+    execute_p2p(&m, 1, take_queued);
   } else {
     execute(item.first, *item.second);
   }
@@ -157,18 +195,36 @@ void Communicator::run_front(std::unique_lock<std::mutex>& lk) {
 
 void Communicator::worker_loop() {
   std::unique_lock<std::mutex> lk(mu_);
-  auto ready = [&] { return (stop_ && queue_.empty()) || (!queue_.empty() && !running_); };
   for (;;) {
-    // No polling here: a caller that waits soon runs the call itself (help),
-    // and the worker's wake-up (tens of microseconds) only matters for calls
-    // left to progress in the background, which are the large ones.
-    cv_.wait(lk, ready);
+    // No polling when idle: a caller that waits soon runs the call itself
+    // (help), and the worker's wake-up (tens of microseconds) only matters
+    // for calls left to progress in the background. After a small async
+    // call it sleeps in kHandOff slices for a while (the hand-off rule).
+    const auto now = Clock::now();
     if (queue_.empty()) {
-      worker_done_ = true;
-      closed_cv_.notify_all();
-      return;
+      if (stop_) {
+        worker_done_ = true;
+        closed_cv_.notify_all();
+        return;
+      }
+    } else if (!running_) {
+      const Clock::time_point due = queue_.front().first.due;
+      if (stop_ || due <= now) {
+        run_front(lk);
+        continue;
+      }
+      worker_ticking_ = true;
+      cv_.wait_until(lk, due);
+      worker_ticking_ = false;
+      continue;
     }
-    run_front(lk);
+    if (now < linger_until_) {
+      worker_ticking_ = true;
+      cv_.wait_until(lk, std::min(now + kHandOff, linger_until_));
+      worker_ticking_ = false;
+    } else {
+      cv_.wait(lk);
+    }
   }
 }
 
@@ -177,23 +233,32 @@ void Communicator::worker_loop() {
 // microseconds on a VM), more than a small call takes. Order is kept: calls
 // still run one at a time, oldest first.
 //
-// Not a send/recv group, though: a group runs until every member is done,
-// and an isend in it may wait for a recv that only this thread is yet to
-// issue (isend, isend, then a blocking recv, on both ranks, with more bytes
-// than the FIFO holds: each thread would run its group forever, waiting for
-// the other's next recv). The worker runs groups; this thread's call joins
-// the group and returns when it is done.
-void Communicator::help(const Work* work) {
+// A send/recv group only when it is this thread's one call, run alone (as a
+// blocking send/recv is): a group runs until every member is done, and an
+// isend in it may wait for a recv that only this thread is yet to issue
+// (isend, isend, then a blocking recv, on both ranks, with more bytes than
+// the FIFO holds: each thread would run its group forever, waiting for the
+// other's next recv). Other groups are the worker's, due at once; this
+// thread's call joins the group and returns when it is done.
+void Communicator::help(const Work* work, bool may_run) {
   Inside inside(inside_);
   std::unique_lock<std::mutex> lk(mu_);
   if (closing_) return;  // the worker drains (or fails) what is queued
-  while (!work->is_completed() && !running_ && !queue_.empty()) {
+  while (may_run && !work->is_completed() && !running_ && !queue_.empty()) {
     if (queue_.front().first.kind == OpKind::kSend) {
-      cv_.notify_all();
-      return;
+      if (queue_.size() != 1 || queue_.front().second.get() != work) break;
+      run_front(lk, false);
+      continue;
     }
     run_front(lk);
   }
+  if (work->is_completed() || queue_.empty()) return;
+  // Left to the worker (a group, a timed wait, or behind a call another
+  // thread runs):
+  // someone waits, so nothing queued waits out its hand-off any longer. A
+  // running call wakes the worker as it ends.
+  for (Item& it : queue_) it.first.due = Clock::time_point{};
+  if (!running_) cv_.notify_all();
 }
 
 }  // namespace ringcomm

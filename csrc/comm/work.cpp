@@ -33,7 +33,11 @@ bool Work::wait(double timeout_s) {
       if (n) n->fetch_sub(1);
     }
   } waiting(waiters_.get());
-  if (help_ && !is_completed()) help_();
+  // A wait without a limit may run the call itself; a timed one leaves it to
+  // the worker (a call run here would hold this thread past the limit).
+  if (help_ && !is_completed()) help_(timeout_s < 0);
+  // Most small calls are done by now (this thread ran them): no clock, no lock.
+  if (state_.load(std::memory_order_acquire) == State::kDone) return true;
   // Small operations finish within microseconds: yield for a moment before
   // blocking, since a futex wake-up costs tens of microseconds on a VM.
   const auto start = std::chrono::steady_clock::now();
@@ -84,8 +88,8 @@ Work::ErrorKind Work::error_kind() {
 }
 
 void Work::rethrow() {
+  if (state_.load(std::memory_order_acquire) != State::kFailed) return;  // (set once, under mu_)
   std::lock_guard<std::mutex> lk(mu_);
-  if (state_ != State::kFailed) return;
   switch (kind_) {
     case ErrorKind::kTimeout: throw TimeoutError(message_);
     case ErrorKind::kMismatch: throw MismatchError(message_);

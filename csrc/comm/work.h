@@ -20,9 +20,10 @@ class Work {
   explicit Work(std::string what, std::shared_ptr<std::atomic<int>> waiters = nullptr)
       : what_(std::move(what)), waiters_(std::move(waiters)) {}
 
-  // Called by wait() first: lets the waiting thread run queued calls itself.
+  // Called by wait() first: lets the waiting thread run queued calls itself
+  // (its argument: the wait has no time limit, so it may run them).
   // Set before the Work is published; only called while it is pending.
-  void set_helper(std::function<void()> help) { help_ = std::move(help); }
+  void set_helper(std::function<void(bool)> help) { help_ = std::move(help); }
   // Called when a wait is interrupted (Ctrl-C): aborts the communicator.
   void set_on_interrupt(std::function<void(const std::string&)> f) { on_interrupt_ = std::move(f); }
 
@@ -46,7 +47,7 @@ class Work {
  private:
   std::string what_;
   std::shared_ptr<std::atomic<int>> waiters_;
-  std::function<void()> help_;
+  std::function<void(bool)> help_;
   std::function<void(const std::string&)> on_interrupt_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -5,6 +5,7 @@ order they were issued and all ranks must issue the same calls; with
 async_op=True a call returns a Work at once and runs on the communicator's
 worker thread.
 """
+import collections
 import os
 import sys
 import weakref
@@ -107,7 +108,7 @@ class Communicator:
         self._census = None  # every rank's census record (host, pid): liveness evidence for agree()
         self._ranks = ranks  # the ranks of the communicator this one was split / shrunk from
         self._parent_ranks = None  # shrink(): the parent's rank of each rank
-        self._inflight = []
+        self._inflight = collections.deque()
         self._native = None
         self._gpu_path = None
         if not 0 <= rank < world_size:
@@ -304,12 +305,18 @@ class Communicator:
         return self._native
 
     def _track(self, native_work, *buffers):
+        """The Work of an async call, kept (with its buffers) until it completed."""
         if native_work is None:
             return None
-        if self._inflight:
-            self._inflight = [w for w in self._inflight if not w.is_completed()]
+        inflight = self._inflight
+        # Calls mostly complete in issue order: drop completed ones from the
+        # front, and sweep the rest only when the list has grown.
+        while inflight and inflight[0]._native.is_completed():
+            inflight.popleft()
+        if len(inflight) > 64:
+            self._inflight = inflight = collections.deque(w for w in inflight if not w.is_completed())
         work = Work(native_work, buffers + (self._native,))  # the native communicator outlives its Works
-        self._inflight.append(work)
+        inflight.append(work)
         return work
 
     # -- collectives ----------------------------------------------------------
@@ -613,7 +620,7 @@ class Communicator:
             gpu.close()
         if native is not None:
             native.close()
-        self._inflight = []
+        self._inflight = collections.deque()
 
     # -- fault recovery (ringcomm/recovery.py) --------------------------------
     def revoke(self, reason=""):

@@ -125,6 +125,8 @@ def rank_arg(value, name):
     """A rank argument (root, src, dst, peer) as the native calls take it, a C
     int: TypeError for 1.5, "0" or True. Its range is the native call check's
     (csrc/comm/call_check.h), the one place that rule lives."""
+    if type(value) is int and -2**31 <= value <= 2**31 - 1:
+        return value  # the common case, with one look (send/recv pay this per call)
     return index(value, name, -2**31, 2**31 - 1)
 
 

@@ -34,7 +34,7 @@ class Work:
         operation keeps running.
         Returns True.
         """
-        t = seconds(timeout)
+        t = None if timeout is None else seconds(timeout)
         if not self._native.wait(-1.0 if t is None else t):
             raise TimeoutError(
                 f"ringcomm: wait for {self._native.what} did not complete within {t} s "

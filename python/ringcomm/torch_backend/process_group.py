@@ -22,7 +22,7 @@ from ringcomm import _C, bootstrap, validate
 from ringcomm.communicator import Communicator
 from ringcomm.config import make_config
 from ringcomm.errors import TimeoutError  # noqa: A004
-from ringcomm.reduce_op import ReduceOp
+from ringcomm.reduce_op import ReduceOp, op_value
 from ringcomm.torch_backend.tensors import Staging, as_movable, as_reducible, flat, reduce_op
 from ringcomm.torch_backend.work import Completer, RingcommWork, StreamEvent
 
@@ -55,6 +55,11 @@ def _tensors_of(inputs):
 # Reduced as they are (bool and complex go through as_reducible's mapping).
 _FAST_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64,
                           torch.int8, torch.uint8, torch.int32, torch.int64))
+
+
+_STRIDED = torch.strided
+_TORCH_SUM = dist.ReduceOp.SUM
+_SUM_VALUE = op_value(ReduceOp.SUM)
 
 
 def _is_async(opts):
@@ -236,16 +241,25 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     # -- reductions -----------------------------------------------------------
     def allreduce(self, tensors, opts=None):
+        if (opts is not None and type(tensors) is list and len(tensors) == 1
+                and not self._detail and not _profiler_enabled() and self._coalesced is None):
+            # The common call on one dense CPU tensor: straight to the native
+            # call (it reads any contiguous shape), without the general path's
+            # staging. Every step here is paid per call: about as much as the
+            # 4-byte all_reduce itself (benchmarks/torch_overhead.py).
+            t = tensors[0]
+            native = self._comm._native
+            if (native is not None and type(t) is torch.Tensor and t.is_cpu and t.layout is _STRIDED
+                    and t.dtype in _FAST_DTYPES and t.is_contiguous()):
+                r = opts.reduceOp
+                self._seq += 1
+                if not opts.asyncOp:
+                    native.all_reduce(t, _SUM_VALUE if r == _TORCH_SUM else op_value(reduce_op(r)), False)
+                    return RingcommWork((), tensors)
+                w = self._comm.all_reduce(t, ReduceOp.SUM if r == _TORCH_SUM else reduce_op(r), async_op=True)
+                return RingcommWork([w], tensors, None, self._completer)
         op = _op_of(opts)
         tensors = _as_list(tensors)
-        if len(tensors) == 1 and not _is_async(opts) and not _profiler_enabled() and not self._detail:
-            # The common blocking call on one dense tensor, without the general path's staging.
-            t = tensors[0]
-            if (type(t) is torch.Tensor and t.layout == torch.strided and t.device.type == "cpu"
-                    and t.dtype in _FAST_DTYPES and t.is_contiguous()):
-                self._seq += 1
-                self._comm.all_reduce(t.view(-1), op)
-                return RingcommWork((), tensors, None, self._completer)
         staging, calls = Staging(), []
         if any(t.layout == torch.sparse_coo for t in tensors if isinstance(t, torch.Tensor)):
             return self._sparse_allreduce(tensors, op)
@@ -498,6 +512,10 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     # (csrc/comm/p2p_match.cpp). torch's blocking send/recv are isend/irecv
     # plus wait(), so these always issue asynchronously.
     def send(self, tensors, dstRank, tag=0):
+        t = self._fast_p2p_tensor(tensors)
+        if t is not None:
+            self._seq += 1
+            return RingcommWork([self._comm.send(t, dstRank, async_op=True, tag=tag)], tensors, None, self._completer)
         staging, calls = Staging(), []
         tensors = _as_list(tensors)
         for t in tensors:
@@ -514,7 +532,24 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             raise ValueError(f"ringcomm recv from any source: expected one tensor, got {len(tensors)}")
         return self._recv(tensors, None, tag)
 
+    def _fast_p2p_tensor(self, tensors):
+        """The one dense contiguous CPU tensor of a send/recv that can go to the
+        communicator as it is (no staging, no profiler record), else None."""
+        if type(tensors) is list and len(tensors) == 1 and self._coalesced is None and not _profiler_enabled():
+            t = tensors[0]
+            if (type(t) is torch.Tensor and t.is_cpu and t.layout is _STRIDED and t.dtype in _FAST_DTYPES
+                    and t.is_contiguous()):
+                return t
+        return None
+
     def _recv(self, tensors, src, tag):
+        t = self._fast_p2p_tensor(tensors)
+        if t is not None:
+            self._seq += 1
+            w = self._comm.recv(t, src, async_op=True, tag=tag)
+            work = RingcommWork([w], tensors, None, self._completer)
+            work._set_source(src if src is not None else w.source_rank)
+            return work
         staging, calls = Staging(), []
         tensors = _as_list(tensors)
         for t in tensors:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ringcomm.errors import RingcommError, TimeoutError  # noqa: A004
+from ringcomm.work import Work
 
 
 def _seconds(timeout):
@@ -53,24 +54,34 @@ class RingcommWork(dist._Work):
     torch's backends give), `staging` the copies to make on completion.
     """
 
+    # Defaults as class attributes: a Work is made on every call, and most
+    # calls complete before it is made (only what differs is set on it).
+    _staging = None
+    _completer = None
+    _settled = False
+    _error = None
+    _future = None  # completed by _settle, parent of _public
+    _public = None  # what get_future() returns
+    _delivered = False
+    _watched = False
+    _record = None  # a profiler record, ended by the Completer (see profile())
+    _record_ended = None
+    _source = None  # a recv's source rank, or a callable giving it once complete
+
     def __init__(self, works, result, staging=None, completer=None):
         super().__init__()
-        self._works = list(works)
+        self._works = works if type(works) is list else list(works)
         self._result = result
-        self._staging = staging
-        self._completer = completer
         self._lock = threading.Lock()
-        self._settled = False
-        self._error = None
-        self._future = None  # completed by _settle, parent of _public
-        self._public = None  # what get_future() returns
-        self._delivered = False
-        self._watched = False
-        self._record = None  # a profiler record, ended by the Completer (see profile())
-        self._record_ended = None
-        self._source = None  # a recv's source rank, or a callable giving it once complete
+        if completer is not None:
+            self._completer = completer
+        if staging is not None:
+            self._staging = staging
         if not self._works:
-            self._settle()
+            if staging is None:
+                self._settled = True  # nothing to copy back, no error
+            else:
+                self._settle()
 
     def profile(self, record):
         """Ends `record` (an entered profiler RecordFunction) when the operation
@@ -92,12 +103,13 @@ class RingcommWork(dist._Work):
     def _native_done(self):
         return all(w.is_completed() for w in self._works)
 
-    def _settle(self):
-        """Once every ringcomm Work completed: copy back, then complete the future."""
+    def _settle(self, ok=False):
+        """Once every ringcomm Work completed: copy back, then complete the
+        future. `ok`: they are known to have succeeded."""
         with self._lock:
             if not self._settled:
                 err = None
-                for w in self._works:
+                for w in () if ok else self._works:
                     err = w.exception()
                     if err is not None:
                         break
@@ -138,6 +150,17 @@ class RingcommWork(dist._Work):
         On a `timeout` (seconds or timedelta) that expires first, raises
         ringcomm.TimeoutError; the operation keeps running.
         """
+        if not self._settled:
+            works = self._works
+            if timeout is None and len(works) == 1 and type(works[0]) is Work:
+                # One call waited for without a limit (a torch send, a recv): a
+                # normal return of the native wait is its success.
+                try:
+                    works[0]._native.wait(-1.0)
+                except RingcommError:
+                    pass  # _settle() below reads the error
+                else:
+                    self._settle(ok=True)
         if not self._settled:
             t = _seconds(timeout)
             deadline = None if t is None else time.monotonic() + t
