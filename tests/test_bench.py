@@ -3,6 +3,7 @@ and tiny end-to-end sweeps over 2 spawned ranks (and under mpirun when it is the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -496,19 +497,52 @@ def test_several_ringcomm_algorithms_in_one_sweep(tmp_path):
     assert report["config"]["hosts"] == 1 and len(report["config"]["rank_hosts"]) == 2
 
 
+def _mpi_launcher():
+    """This environment's MPI launcher and its flags: MPICH's mpiexec from the
+    [test] extra's wheel (beside this Python), else a system mpirun (Open MPI's
+    needs root and oversubscription allowed). None when there is neither."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(here):
+        return [here]
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return None
+    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        return [mpirun, "--allow-run-as-root", "--oversubscribe"]
+    return [mpirun]
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
+@pytest.mark.skipif(_mpi_launcher() is None, reason="no MPI launcher")
 def test_tiny_sweep_under_mpirun(tmp_path):
+    """Every primitive under an MPI launcher, ringcomm next to gloo and the MPI;
+    DeepSpeed's shared-memory all_reduce too where DeepSpeed is installed."""
     pytest.importorskip("mpi4py")
+    deepspeed = importlib.util.find_spec("deepspeed") is not None
+    backends = ["ringcomm", "gloo", "mpi"] + (["deepspeed"] if deepspeed else [])
     out_json = tmp_path / "r.json"
-    proc = _run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
-                 "self,vader", "-np", "2", sys.executable, "-m", "ringcomm.bench.cli",
-                 "-b", "8", "-e", "64K", "-f", "64", "--ops", "all", "-n", "3", "-w", "2",
-                 "--budget", "0.02", "--batch-ms", "0.5", "--timeout", "60",
-                 "--backends", "ringcomm,gloo,mpi", "--json", str(out_json)], tmp_path)
-    report = _check_sweep(proc, out_json, list(COLLECTIVES), ["ringcomm", "gloo", "mpi"])
+    proc = _run(_mpi_launcher() + ["-n", "2", sys.executable, "-m", "ringcomm.bench.cli",
+                                   "-b", "8", "-e", "64K", "-f", "64", "--ops", "all", "-n", "3", "-w", "2",
+                                   "--budget", "0.02", "--batch-ms", "0.5", "--timeout", "60",
+                                   "--backends", ",".join(backends), "--json", str(out_json)],
+                tmp_path, timeout=SWEEP_TIMEOUT_S + 240)  # DeepSpeed builds its op on first use
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out_json.read_text())
+    assert validate_report(report) == [] and report["wrong_total"] == 0, proc.stdout
     assert report["config"]["launcher"] == "mpirun"
     assert report["machine"]["mpi_library"]
+    assert not report["skipped_backends"], report["skipped_backends"]
+    for row in report["results"]:
+        for b in ["ringcomm", "gloo", "mpi"]:
+            cell = row["backends"][b]
+            assert cell["wrong"] == 0 and cell["time_us"] > 0, (row["op"], b, cell)
+        if deepspeed:
+            cell = row["backends"]["deepspeed"]
+            if row["op"] == "all_reduce":
+                assert cell["wrong"] == 0 and cell["time_us"] > 0, cell
+            else:
+                assert "all_reduce" in cell["skipped"], cell
 
 
 @pytest.mark.slow

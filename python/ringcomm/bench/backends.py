@@ -10,7 +10,10 @@ store), and they all run over the same page-aligned buffers.
   sets before ``init`` reads them.
 - gloo / nccl: torch.distributed process groups made with ``new_group``, separate
   from the control group the harness itself uses (its own connections and keys).
-- mpi: mpi4py's COMM_WORLD (duplicated); only when the ranks were started by mpirun.
+- mpi: mpi4py's COMM_WORLD (duplicated); only when the ranks were started by mpirun
+  (or mpiexec: Open MPI, MPICH and Intel MPI alike, whichever libmpi mpi4py loads).
+- deepspeed: DeepSpeed's CPU shared-memory all_reduce, deepspeed.comm.inference_all_reduce
+  on its CPU accelerator, as DeepSpeed's CPU inference calls it; all_reduce SUM only.
 """
 
 from __future__ import annotations
@@ -382,4 +385,76 @@ class MpiBackend(Backend):
         self.comm.Free()
 
 
-BACKEND_NAMES = ("ringcomm", "gloo", "nccl", "mpi")
+# --------------------------------------------------------------------------- DeepSpeed
+
+# The dtypes its shared-memory kernels reduce, with the ISA level each needs
+# (DeepSpeed's vector_kernel_level(): 1 AVX2, 2 AVX-512BW).
+_DS_SHM_LEVEL = {"float32": 1, "bfloat16": 2, "float16": 2}
+
+
+class DeepSpeedBackend(Backend):
+    """deepspeed.comm.inference_all_reduce on the CPU accelerator: DeepSpeed's
+    shared-memory all_reduce (its deepspeed_shm_comm op, built by DeepSpeed on
+    first use), over the harness's default (gloo) process group, which
+    deepspeed.init_distributed takes over as it does any initialised group.
+    DeepSpeed uses the op only when every rank is on this host (LOCAL_SIZE) and
+    the CPU has the ISA its kernel for the dtype needs; otherwise its call
+    falls back to torch.distributed.all_reduce (gloo), which this backend
+    refuses to time under DeepSpeed's name."""
+
+    name = "deepspeed"
+
+    def __init__(self, world_size: int, local_size: int):
+        if local_size != world_size:
+            raise BackendUnavailable(f"DeepSpeed's shared-memory all_reduce needs every rank on one "
+                                     f"host ({local_size} of {world_size} are on this one)")
+        # DeepSpeed picks its accelerator at import; its shm op reads LOCAL_SIZE.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ["LOCAL_SIZE"] = str(local_size)
+        try:
+            import deepspeed
+            import deepspeed.comm as dcomm
+        except ImportError as e:
+            raise BackendUnavailable(f"deepspeed is not installed ({e})") from e
+        from deepspeed.accelerator import get_accelerator
+
+        if get_accelerator().device_name() != "cpu":
+            raise BackendUnavailable(f"DeepSpeed's accelerator is {get_accelerator().device_name()!r}, "
+                                     "not cpu (set DS_ACCELERATOR=cpu)")
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        cdb = dcomm.comm.cdb
+        if getattr(cdb, "shm_comm_op", None) is None:
+            raise BackendUnavailable("DeepSpeed's shared-memory op (deepspeed_shm_comm) did not build "
+                                     "or load; see its build output above")
+        self.deepspeed, self.dcomm = deepspeed, dcomm
+        self.level = int(getattr(cdb, "shm_vector_kernel_level", 0))
+
+    def describe(self):
+        return {"version": self.deepspeed.__version__,
+                "op": f"deepspeed_shm_comm, kernel ISA level {self.level}"}
+
+    def unsupported(self, coll, dtype, redop):
+        if coll.name != "all_reduce":
+            return "DeepSpeed's shared-memory op is an all_reduce"
+        if redop != "sum":
+            return "DeepSpeed's shared-memory all_reduce sums"
+        need = _DS_SHM_LEVEL.get(dtype.name)
+        if need is None:
+            return f"DeepSpeed's shared-memory all_reduce has no {dtype.name} kernel"
+        if self.level < need:
+            return (f"this CPU lacks the ISA of DeepSpeed's {dtype.name} kernel (level {self.level} < {need}): "
+                    "DeepSpeed would fall back to gloo")
+        return None
+
+    def bind(self, coll, bufs, redop, root):
+        t = bufs.output.tensor
+        fn = self.dcomm.inference_all_reduce
+        return lambda: fn(t)
+
+    def barrier(self):
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+BACKEND_NAMES = ("ringcomm", "gloo", "nccl", "mpi", "deepspeed")

@@ -14,12 +14,13 @@ import argparse
 import datetime
 import os
 import shlex
+import socket
 import sys
 import traceback
 from typing import Dict, List, Optional
 
 from ringcomm.bench import launch
-from ringcomm.bench.backends import (BACKEND_NAMES, Backend, BackendUnavailable, MpiBackend,
+from ringcomm.bench.backends import (BACKEND_NAMES, Backend, BackendUnavailable, DeepSpeedBackend, MpiBackend,
                                      RingcommBackend, TorchBackend, format_host_groups,
                                      same_host_groups)
 from ringcomm.bench.buffers import Buffer, Buffers, resolve_dtype
@@ -28,7 +29,8 @@ from ringcomm.bench.collectives import COLLECTIVES, resolve_ops
 from ringcomm.bench.progress import Progress
 from ringcomm.bench.report import Cell, Row, Table, build_report, machine_facts, write_json
 from ringcomm.bench.sizes import format_size, parse_size, size_list
-from ringcomm.bench.timing import Control, MemcpyReference, TimingParams, measure_side_by_side, prepare
+from ringcomm.bench.timing import (Control, MemcpyAllReference, MemcpyReference, TimingParams,
+                                   measure_side_by_side, prepare)
 
 COMMAND_ENV = "RINGCOMM_BENCH_COMMAND"
 # What ringcomm.explain knows (send/recv have no choice to explain).
@@ -251,6 +253,9 @@ class Sweep:
         args, info = self.args, self.info
         backends: List[Backend] = []
         skipped: Dict[str, str] = {}
+        if "deepspeed" in args.backends:
+            hosts = self.control.gather_objects(socket.gethostname())
+            local_size = hosts.count(socket.gethostname())
         for name, algo in _backend_instances(args.backends, args.algo):
             backend, reason = None, None
             try:
@@ -260,6 +265,8 @@ class Sweep:
                                               args.ringcomm_device, info.local_rank, name)
                 elif name == "mpi":
                     backend = MpiBackend()
+                elif name == "deepspeed":
+                    backend = DeepSpeedBackend(info.world_size, local_size)
                 else:
                     backend = TorchBackend(name, info.rank, info.world_size, info.local_rank,
                                            args.timeout)
@@ -378,6 +385,7 @@ class Sweep:
                               budget_s=args.budget, batch_s=args.batch_ms / 1e3,
                               check=bool(args.check))
         memcpy = None if args.no_memcpy else MemcpyReference(control, _max_buffer(args, n))
+        memcpy_all = None if args.no_memcpy else MemcpyAllReference(control, _max_buffer(args, n))
         descriptions = {b.name: b.describe() for b in backends}
         for b in backends:
             if isinstance(b, RingcommBackend):  # how ringcomm grouped the ranks (all call this)
@@ -388,7 +396,7 @@ class Sweep:
             self.warn("no backend could run; nothing to measure")
             return 1
 
-        steps = len(args.ops) * len(args.sizes) * (len(backends) + (memcpy is not None))
+        steps = len(args.ops) * len(args.sizes) * (len(backends) + 2 * (memcpy is not None))
         progress = Progress(steps, {"auto": None, "on": True, "off": False}[args.progress]
                             ) if rank == 0 else Progress(steps, False)
         rows: List[Row] = []
@@ -406,7 +414,7 @@ class Sweep:
             for k, size in enumerate(args.sizes):
                 layout = coll.layout(size, args.dtype.itemsize, n)
                 if layout is None or layout.size in seen:
-                    progress.done += len(backends) + (memcpy is not None)
+                    progress.done += len(backends) + 2 * (memcpy is not None)
                     continue
                 seen.add(layout.size)
                 row = Row(op, layout.size, layout.count, args.dtype.label, redop, root,
@@ -417,13 +425,17 @@ class Sweep:
                 # Take turns, and rotate who goes first, so drift hits every backend
                 # alike: the checks and warm-ups one after another, then the samples
                 # in turns (timing.measure_side_by_side).
-                order: list = list(backends) + ([memcpy] if memcpy is not None else [])
+                order: list = list(backends) + ([memcpy, memcpy_all] if memcpy is not None else [])
                 order = order[k % len(order):] + order[:k % len(order)]
                 prepared = []
                 for b in order:
                     label = f"{op} {format_size(layout.size)} {b.name}"
-                    if b is memcpy:
-                        row.memcpy = memcpy.measure(layout.size, params)
+                    if b is memcpy or b is memcpy_all:
+                        m = b.measure(layout.size, params)
+                        if b is memcpy:
+                            row.memcpy = m
+                        else:
+                            row.memcpy_all = m
                         progress.step(label)
                         continue
                     reason = dead.get(b.name) or b.unsupported(coll, args.dtype, args.op)
@@ -478,7 +490,8 @@ class Sweep:
             self.say(f"#  skipped: {name} ({why})")
         if not args.no_memcpy:
             self.say("#  memcpy: np.copyto between page-aligned buffers, 1 thread, on rank 0 "
-                     "(the others idle), same sizes, same run")
+                     "(the others idle), same sizes, same run; memcpy_n: the same on every rank "
+                     "at once (each its own buffers), the slowest rank's time")
         self.say(f"#  sizes {format_size(args.sizes[0])} .. {format_size(args.sizes[-1])}, "
                  + (f"x{args.stepfactor}" if args.stepfactor > 1 else f"+{args.stepbytes} B")
                  + f"; type {args.dtype.label}; redop {args.op}; root {args.root}; "
@@ -521,7 +534,8 @@ class Sweep:
                        "back-to-back calls lasting >= batch_ms; backends alternate size by "
                        "size; samples_us = per-iteration time per call (slowest rank)"),
             "memcpy": None if args.no_memcpy else
-            "np.copyto, page-aligned buffers, 1 thread, rank 0; gbps = size / time",
+            "np.copyto, page-aligned buffers, 1 thread, rank 0; gbps = size / time; memcpy_all: "
+            "the same on every rank at once, the slowest rank's time",
         }
         report = build_report(command=shlex.split(command), config=config, hosts=hosts,
                               backends=descriptions, skipped=skipped, rows=rows, ops=args.ops)

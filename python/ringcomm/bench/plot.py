@@ -44,13 +44,13 @@ def plot_report(report: Dict[str, object], path: str) -> None:
                        label=b)
             t_ax.plot(sizes, [c["time_us"] for _, c in pts], "o-", ms=3, color=color,
                       label=b)
-        ref = [(r["size_bytes"], r["memcpy"]) for r in rows if r.get("memcpy")]
-        if ref:
-            sizes = [s for s, _ in ref]
-            bw_ax.plot(sizes, [m["gbps"] for _, m in ref], "--", color="gray",
-                       label="memcpy (1 thread)")
-            t_ax.plot(sizes, [m["time_us"] for _, m in ref], "--", color="gray",
-                      label="memcpy (1 thread)")
+        for key, style, label in (("memcpy", "--", "memcpy (1 thread)"),
+                                  ("memcpy_all", ":", "memcpy (every rank at once)")):
+            ref = [(r["size_bytes"], r[key]) for r in rows if r.get(key)]
+            if ref:
+                sizes = [s for s, _ in ref]
+                bw_ax.plot(sizes, [m["gbps"] for _, m in ref], style, color="gray", label=label)
+                t_ax.plot(sizes, [m["time_us"] for _, m in ref], style, color="gray", label=label)
         for ax, ylabel in ((bw_ax, "busbw (GB/s)"), (t_ax, "time (us)")):
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_locator(LogLocator(base=4))

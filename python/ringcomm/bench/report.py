@@ -52,6 +52,7 @@ class Row:
     factor: float
     cells: Dict[str, Cell] = field(default_factory=dict)
     memcpy: Optional[Measurement] = None
+    memcpy_all: Optional[Measurement] = None  # every rank copying at once (timing.MemcpyAllReference)
     # --explain: ringcomm's candidates (name, predicted seconds), what it runs first
     explain: Optional[List[Tuple[str, float]]] = None
 
@@ -59,6 +60,11 @@ class Row:
         if self.memcpy is None or not self.memcpy.samples_s:
             return None
         return self.size / self.memcpy.time_s / 1e9
+
+    def memcpy_all_gbps(self) -> Optional[float]:
+        if self.memcpy_all is None or not self.memcpy_all.samples_s:
+            return None
+        return self.size / self.memcpy_all.time_s / 1e9
 
 
 def format_time(us: float) -> str:
@@ -84,14 +90,14 @@ class Table:
         for backend, note in notes.items():
             w(f"# {self.op}, {backend}: {note}\n")
         groups = "".join(f"{b:^{GROUP_WIDTH}}" for b in self.backends)
-        tail = f"  {'memcpy':>8}" if self.memcpy else ""
+        tail = f"  {'memcpy':>8}  {'memcpy_n':>8}" if self.memcpy else ""
         if self.explain:
             tail += f"  {'ringcomm runs':>18}  {'predicted':>9}  {'other candidates (predicted us)'}"
         w(f"# {self.op:<50}{groups}{tail}\n")
         names = "".join(f"  {'time':>7}  {'algbw':>6}  {'busbw':>6} {'#wrong':>6}"
                         for _ in self.backends)
         w(f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}{names}"
-          f"{'  ' + format('(GB/s)', '>8') if self.memcpy else ''}"
+          f"{'  ' + format('(GB/s)', '>8') + '  ' + format('(GB/s)', '>8') if self.memcpy else ''}"
           f"{'  ' + format('', '>18') + '  ' + format('(us)', '>9') if self.explain else ''}\n")
         units = "".join(f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>5}"
                         for _ in self.backends)
@@ -104,8 +110,8 @@ class Table:
         for b in self.backends:
             line += self._cell(row, row.cells.get(b, Cell(skipped="not run")))
         if self.memcpy:
-            gbps = row.memcpy_gbps()
-            line += f"  {gbps:8.2f}" if gbps is not None else f"  {'-':>8}"
+            for gbps in (row.memcpy_gbps(), row.memcpy_all_gbps()):
+                line += f"  {gbps:8.2f}" if gbps is not None else f"  {'-':>8}"
         if self.explain and row.explain:
             (name, t), rest = row.explain[0], row.explain[1:]
             others = " ".join(f"{n} {format_time(x * 1e6).strip()}" for n, x in rest)
@@ -139,7 +145,10 @@ class Table:
                 continue
             ref = ""
             if avg["memcpy_gbps"]:
-                ref = f"  ({100 * avg['avg_busbw_gbps'] / avg['memcpy_gbps']:.0f}% of memcpy)"
+                ref = f"  ({100 * avg['avg_busbw_gbps'] / avg['memcpy_gbps']:.0f}% of memcpy"
+                if avg.get("memcpy_all_gbps"):
+                    ref += f", {100 * avg['avg_busbw_gbps'] / avg['memcpy_all_gbps']:.0f}% of memcpy_n"
+                ref += ")"
             w(f"# {'Avg bus bandwidth':<20} : {avg['avg_busbw_gbps']:g} {b}{ref}\n")
         w("#\n")
         self.out.flush()
@@ -150,7 +159,7 @@ def summarize(rows: List[Row], backends: List[str]) -> Dict[str, Dict[str, Optio
     bandwidth") and the mean memcpy bandwidth over the same rows."""
     out = {}
     for b in backends:
-        busbw, memcpy = [], []
+        busbw, memcpy, memcpy_all = [], [], []
         for r in rows:
             fig = r.cells.get(b, Cell()).figures(r.size, r.factor)
             if fig:
@@ -158,8 +167,12 @@ def summarize(rows: List[Row], backends: List[str]) -> Dict[str, Dict[str, Optio
                 m = r.memcpy_gbps()
                 if m is not None:
                     memcpy.append(m)
+                m = r.memcpy_all_gbps()
+                if m is not None:
+                    memcpy_all.append(m)
         out[b] = {"avg_busbw_gbps": sum(busbw) / len(busbw) if busbw else None,
                   "memcpy_gbps": sum(memcpy) / len(memcpy) if memcpy else None,
+                  "memcpy_all_gbps": sum(memcpy_all) / len(memcpy_all) if memcpy_all else None,
                   "rows": len(busbw)}
     return out
 
@@ -273,9 +286,14 @@ def row_to_json(row: Row) -> Dict[str, object]:
         memcpy = {"time_us": row.memcpy.time_s * 1e6, "gbps": row.memcpy_gbps(),
                   "iters": len(row.memcpy.samples_s), "batch": row.memcpy.batch,
                   "samples_us": [s * 1e6 for s in row.memcpy.samples_s]}
+    memcpy_all = None
+    if row.memcpy_all is not None and row.memcpy_all.samples_s:
+        memcpy_all = {"time_us": row.memcpy_all.time_s * 1e6, "gbps": row.memcpy_all_gbps(),
+                      "iters": len(row.memcpy_all.samples_s), "batch": row.memcpy_all.batch,
+                      "samples_us": [s * 1e6 for s in row.memcpy_all.samples_s]}
     return {"op": row.op, "size_bytes": row.size, "count": row.count, "type": row.type,
             "redop": row.redop, "root": row.root, "busbw_factor": row.factor,
-            "backends": cells, "memcpy": memcpy,
+            "backends": cells, "memcpy": memcpy, "memcpy_all": memcpy_all,
             "explain": None if row.explain is None else [[n, _clean(t)] for n, t in row.explain]}
 
 

@@ -293,3 +293,45 @@ class MemcpyReference:
             result = Measurement(samples_s=times.tolist(), batch=batch, warmup=2 + extra)
         self.control.barrier()
         return result
+
+
+class MemcpyAllReference:
+    """np.copyto of the same sizes on every rank at once, each between its own
+    page-aligned buffers: the memory bandwidth a rank gets while every rank
+    streams, as every rank of a large collective does (on a VM of a few cores
+    the ranks share one memory path: two copies at once each run at about
+    half the speed of one). A sample's time is the slowest rank's."""
+
+    name = "memcpy_all"
+
+    def __init__(self, control: Control, maxbytes: int):
+        self.control = control
+        self.src = aligned_bytes(maxbytes)
+        self.dst = aligned_bytes(maxbytes)
+        self.src.fill(1)
+        self.dst.fill(0)
+
+    def measure(self, nbytes: int, p: TimingParams) -> Measurement:
+        c = self.control
+        src, dst = self.src[:nbytes], self.dst[:nbytes]
+
+        def copy():
+            np.copyto(dst, src)
+
+        copy()
+        c.barrier()
+        t0 = time.perf_counter()
+        copy()
+        first = float(c.gather_all([time.perf_counter() - t0]).max())
+        extra = _extra_warmup(first, p)
+        per_call = first
+        if extra:
+            c.barrier()
+            t0 = time.perf_counter()
+            for _ in range(extra):
+                copy()
+            per_call = float(c.gather_all([(time.perf_counter() - t0) / extra]).max())
+        batch, samples = _schedule(per_call, p)
+        times = _timed_samples(c.barrier, copy, lambda: None, batch, samples)
+        slowest = c.gather_all(np.asarray(times, dtype=float)).max(axis=0)
+        return Measurement(samples_s=slowest.tolist(), batch=batch, warmup=2 + extra)

@@ -1,0 +1,115 @@
+"""ringcomm against the best CPU peer, from ringcomm-bench JSON reports.
+
+Each report is one job (one MPI's launcher; ringcomm, gloo, that MPI and
+DeepSpeed taking turns size by size). For every (op, world size, dtype,
+size) the table gives each peer's time, ringcomm's time in the same job as
+that peer (the median over the jobs, or launches, that ran it), and
+ringcomm's ratio to the best peer: ringcomm's time over the peer's, each
+from the same job, so that drift between jobs does not enter a ratio
+(<= 1.00: ringcomm at least as fast). Also all_reduce busbw against the same
+job's memcpy.
+
+    python benchmarks/peers/summarize.py benchmarks/results/peers/*.json > benchmarks/results/peers_table.txt
+"""
+import argparse
+import collections
+import json
+import statistics
+import sys
+
+
+def peer_name(report, backend):
+    """The peer's name in the table: the MPI's library for "mpi"."""
+    if backend == "mpi":
+        lib = report["machine"].get("mpi_library") or "mpi"
+        for key, short in (("Open MPI", "openmpi"), ("MPICH", "mpich"), ("Intel", "intelmpi")):
+            if key in lib:
+                return short
+        return lib
+    return backend
+
+
+def fmt_size(n):
+    for unit, k in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k}{unit}"
+    return str(n)
+
+
+def collect(paths):
+    """(op, world, dtype, size) -> peer -> [(peer us, ringcomm us)], and memcpy / busbw rows."""
+    pairs = collections.defaultdict(lambda: collections.defaultdict(list))
+    busbw = collections.defaultdict(list)  # (world, dtype, size) -> [(ringcomm busbw, memcpy GB/s)]
+    meta = []
+    for path in paths:
+        with open(path) as f:
+            rep = json.load(f)
+        world = rep["config"]["world_size"]
+        meta.append((path, rep["date"], rep["machine"].get("cpu_model"), world, rep["config"]["dtype"],
+                     rep["machine"].get("mpi_library") or "-", " ".join(rep["command"])))
+        for row in rep["results"]:
+            cells = row["backends"]
+            ring = cells.get("ringcomm", {})
+            if "time_us" not in ring:
+                continue
+            key = (row["op"], world, row["type"], row["size_bytes"])
+            for b, cell in cells.items():
+                if b == "ringcomm" or "time_us" not in cell or cell.get("wrong", 0):
+                    continue
+                pairs[key][peer_name(rep, b)].append((cell["time_us"], ring["time_us"]))
+            if row["op"] == "all_reduce" and row.get("memcpy", {}).get("gbps"):
+                busbw[(world, row["type"], row["size_bytes"])].append((ring["busbw_gbps"], row["memcpy"]["gbps"]))
+    return pairs, busbw, meta
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("reports", nargs="+")
+    a = p.parse_args(argv)
+    pairs, busbw, meta = collect(a.reports)
+    print("# ringcomm against each CPU peer, time per call; each ratio = ringcomm's time / the peer's time, both from")
+    print("# the same job (median over jobs); best = the peer with the lowest time. Reports:")
+    for m in meta:
+        print(f"#   {m[0]}: {m[1]}, {m[2]}, world {m[3]}, {m[4]}, MPI {m[5]}")
+    print(f"#   command of the first: {meta[0][6]}" if meta else "#   (none)")
+    peers = sorted({p for d in pairs.values() for p in d})
+    groups = collections.defaultdict(list)
+    for key in pairs:
+        groups[key[:3]].append(key)
+    behind = []
+    for gkey in sorted(groups):
+        op, world, dtype = gkey
+        print(f"\n## {op}, world {world}, {dtype}")
+        head = f"{'size':>6} " + "".join(f"{p + ' us':>13}" for p in peers) + f"{'ringcomm us':>13} {'best peer':>10} {'ratio':>6}"
+        print(head)
+        for key in sorted(groups[gkey], key=lambda k: k[3]):
+            d = pairs[key]
+            med = {p: statistics.median(t for t, _ in v) for p, v in d.items()}
+            ratio = {p: statistics.median(r / t for t, r in v) for p, v in d.items()}
+            ring = statistics.median(r for v in d.values() for _, r in v)
+            best = min(med, key=med.get)
+            worst_ratio = max(ratio[p] for p in ratio)
+            line = f"{fmt_size(key[3]):>6} " + "".join(
+                f"{med[p]:13.2f}" if p in med else f"{'-':>13}" for p in peers)
+            line += f"{ring:13.2f} {best:>10} {ratio[best]:6.2f}"
+            print(line)
+            if worst_ratio > 1.0:
+                who = max(ratio, key=ratio.get)
+                behind.append((op, world, dtype, key[3], who, ratio[who]))
+    print("\n## all_reduce busbw against the same job's memcpy")
+    print(f"{'world':>5} {'dtype':>9} {'size':>6} {'busbw GB/s':>11} {'memcpy GB/s':>12} {'ratio':>6}")
+    for (world, dtype, size), v in sorted(busbw.items()):
+        if size < (1 << 20):
+            continue
+        bw = statistics.median(x for x, _ in v)
+        mc = statistics.median(y for _, y in v)
+        r = statistics.median(x / y for x, y in v)
+        print(f"{world:5d} {dtype:>9} {fmt_size(size):>6} {bw:11.2f} {mc:12.2f} {r:6.2f}")
+    print(f"\n## where a peer is faster than ringcomm (ratio > 1.00): {len(behind)} cells")
+    for op, world, dtype, size, who, r in behind:
+        print(f"  {op:15s} world {world} {dtype:9s} {fmt_size(size):>6}: {who} ({r:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
