@@ -497,6 +497,26 @@ def test_several_ringcomm_algorithms_in_one_sweep(tmp_path):
     assert report["config"]["hosts"] == 1 and len(report["config"]["rank_hosts"]) == 2
 
 
+@pytest.mark.slow
+def test_socket_reference_over_tcp(tmp_path):
+    """--socket: a plain TCP exchange between ranks 0 and 1 in the same run, beside
+    ringcomm over its TCP transport; and the memcpy references."""
+    out_json = tmp_path / "r.json"
+    proc = _run([sys.executable, "-m", "ringcomm.bench.cli", "--nproc", "2", "--transport", "tcp",
+                 "-b", "8", "-e", "1M", "-f", "128", "--ops", "sendrecv,all_reduce", "-n", "3", "-w", "2",
+                 "--budget", "0.02", "--batch-ms", "0.5", "--timeout", "60", "--socket",
+                 "--backends", "ringcomm", "--json", str(out_json)], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out_json.read_text())
+    assert validate_report(report) == [] and report["wrong_total"] == 0
+    assert "#  socket: ranks 0 and 1" in proc.stdout
+    assert any(line.startswith("# sendrecv") and line.rstrip().endswith("socket") for line in proc.stdout.splitlines())
+    for row in report["results"]:
+        for ref in ("socket", "memcpy", "memcpy_all"):
+            assert row[ref] and row[ref]["gbps"] > 0 and row[ref]["time_us"] > 0, (row["op"], ref, row[ref])
+        assert row["backends"]["ringcomm"]["wrong"] == 0
+
+
 def _mpi_launcher():
     """This environment's MPI launcher and its flags: MPICH's mpiexec from the
     [test] extra's wheel (beside this Python), else a system mpirun (Open MPI's

@@ -249,6 +249,15 @@ def _mismatched_call(c, what, r):
         c.all_reduce(np.ones(10, np.float32 if r else np.float64))
     elif what == "root":
         c.broadcast(np.ones(10, np.float32), src=r)
+    elif what == "reduce root":
+        c.reduce(np.ones(10, np.float32), dst=1 - r)
+    elif what == "gather count":
+        c.gather(np.zeros(2 * (3 + r), np.float32) if r == 0 else None, np.ones(3 + r, np.float32), dst=0)
+    elif what == "broadcast vs reduce":
+        if r:
+            c.reduce(np.ones(10, np.float32), dst=0)
+        else:
+            c.broadcast(np.ones(10, np.float32), src=0)
     elif r:
         c.broadcast(np.ones(10, np.float32), src=0)
     else:
@@ -261,15 +270,14 @@ def _mismatched_calls(comm):
     import ringcomm
 
     fails = []
-    for what in ("count", "op", "dtype", "root", "kind"):
+    # Rooted calls at two ranks: their schedules have both ranks hear from each
+    # other (comm/call_plan.cpp make_mutual), so they raise in the call itself.
+    for what in ("count", "op", "dtype", "root", "kind", "reduce root", "gather count", "broadcast vs reduce"):
         c = comm.split(ranks=[0, 1])  # a fresh communicator each time: a mismatch poisons it
         msg = None
         try:
             _mismatched_call(c, what, comm.rank)
-            # Two roots of a broadcast at world size 2 only send: nobody
-            # receives, so the headers are checked by the next call instead.
-            if what != "root":
-                fails.append(f"{what}: mismatched calls did not raise")
+            fails.append(f"{what}: mismatched calls did not raise")
         except ringcomm.TimeoutError as e:
             fails.append(f"{what}: TimeoutError instead of a mismatch error: {first_line(e)}")
         except ringcomm.RingcommError as e:

@@ -12,9 +12,9 @@
 # --oversubscribe (more ranks than cores) and root, Intel MPI I_MPI_FABRICS=shm.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 MPI_PREFIX NP [ringcomm-bench args]" >&2; exit 2; }
-mpi=$(realpath "$1"); np=$2; shift 2
+name=$(basename "$1"); mpi=$(realpath "$1"); np=$2; shift 2
 bench=$(command -v ringcomm-bench)
-case "$(basename "$mpi")" in
+case "$name" in
   openmpi)
     export MPI4PY_LIBMPI="$mpi/lib/libmpi.so.40"
     exec "$mpi/bin/mpirun" --allow-run-as-root --oversubscribe -n "$np" "$bench" "$@" ;;

@@ -39,7 +39,8 @@ def fmt_size(n):
 def collect(paths):
     """(op, world, dtype, size) -> peer -> [(peer us, ringcomm us)], and memcpy / busbw rows."""
     pairs = collections.defaultdict(lambda: collections.defaultdict(list))
-    busbw = collections.defaultdict(list)  # (world, dtype, size) -> [(ringcomm busbw, memcpy GB/s)]
+    # (world, dtype, size) -> [(ringcomm busbw, memcpy GB/s, memcpy_n GB/s: every rank at once)]
+    busbw = collections.defaultdict(list)
     meta = []
     for path in paths:
         with open(path) as f:
@@ -57,8 +58,10 @@ def collect(paths):
                 if b == "ringcomm" or "time_us" not in cell or cell.get("wrong", 0):
                     continue
                 pairs[key][peer_name(rep, b)].append((cell["time_us"], ring["time_us"]))
-            if row["op"] == "all_reduce" and row.get("memcpy", {}).get("gbps"):
-                busbw[(world, row["type"], row["size_bytes"])].append((ring["busbw_gbps"], row["memcpy"]["gbps"]))
+            if row["op"] == "all_reduce" and (row.get("memcpy") or {}).get("gbps"):
+                every = (row.get("memcpy_all") or {}).get("gbps") or float("nan")
+                busbw[(world, row["type"], row["size_bytes"])].append(
+                    (ring["busbw_gbps"], row["memcpy"]["gbps"], every))
     return pairs, busbw, meta
 
 
@@ -96,15 +99,18 @@ def main(argv=None):
             if worst_ratio > 1.0:
                 who = max(ratio, key=ratio.get)
                 behind.append((op, world, dtype, key[3], who, ratio[who]))
-    print("\n## all_reduce busbw against the same job's memcpy")
-    print(f"{'world':>5} {'dtype':>9} {'size':>6} {'busbw GB/s':>11} {'memcpy GB/s':>12} {'ratio':>6}")
+    print("\n## all_reduce busbw against the same job's memcpy (rank 0 alone) and memcpy_n (every rank at once)")
+    print(f"{'world':>5} {'dtype':>9} {'size':>6} {'busbw GB/s':>11} {'memcpy GB/s':>12} {'ratio':>6}"
+          f" {'memcpy_n GB/s':>14} {'ratio':>6}")
     for (world, dtype, size), v in sorted(busbw.items()):
         if size < (1 << 20):
             continue
-        bw = statistics.median(x for x, _ in v)
-        mc = statistics.median(y for _, y in v)
-        r = statistics.median(x / y for x, y in v)
-        print(f"{world:5d} {dtype:>9} {fmt_size(size):>6} {bw:11.2f} {mc:12.2f} {r:6.2f}")
+        bw = statistics.median(x for x, _, _ in v)
+        mc = statistics.median(y for _, y, _ in v)
+        mn = statistics.median(z for _, _, z in v)
+        r = statistics.median(x / y for x, y, _ in v)
+        rn = statistics.median(x / z for x, _, z in v)
+        print(f"{world:5d} {dtype:>9} {fmt_size(size):>6} {bw:11.2f} {mc:12.2f} {r:6.2f} {mn:14.2f} {rn:6.2f}")
     print(f"\n## where a peer is faster than ringcomm (ratio > 1.00): {len(behind)} cells")
     for op, world, dtype, size, who, r in behind:
         print(f"  {op:15s} world {world} {dtype:9s} {fmt_size(size):>6}: {who} ({r:.2f}x)")

@@ -44,6 +44,10 @@ struct PlanContext {
   const int* members = nullptr;
   // Hierarchical schedules: who runs where (null: one host).
   const Topology* topo = nullptr;
+  // Two ranks: rooted calls' schedules make both ranks hear from each other
+  // (plan_call, comm/call_plan.cpp), so that the headers checked on every
+  // message stand in for the agreement round (comm/communicator_agree.cpp).
+  bool mutual_pair = false;
 };
 
 // The rank at ring position `pos` (any integer, taken mod world), and this

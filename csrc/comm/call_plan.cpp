@@ -54,7 +54,9 @@ PlanBuffers buffers_of(const AddressedCall& a) {
   return b;
 }
 
-ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
+namespace {
+
+ScheduleFamily plan_family(const PlanContext& c, const CallPlan& d) {
   const size_t bytes = d.count * c.elem;
   const bool pull = d.algo == Algo::kPull;
   switch (d.kind) {
@@ -163,6 +165,48 @@ ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
       throw Error("ringcomm: no collective schedule for this call");
   }
   return pull ? kFamilyPull : kFamilyFifo;
+}
+
+// Two ranks, a rooted call: a rank whose schedule sends its peer nothing
+// sends it an empty message first, one that receives nothing from it
+// receives one last (an empty message still carries the call's header).
+// Every message's header is checked against the receiver's call (kind,
+// dtype, op, family, root, seq, count: the agreement's fields), so two ranks
+// that disagree on the call both raise, as the agreement round makes them,
+// and without that round: a 4-byte broadcast takes one message each way, at
+// once, instead of the agreement's exchange and then the data.
+void make_mutual(const PlanContext& c) {
+  Schedule& s = *c.out;
+  const int peer = 1 - c.rank;
+  bool sends = false, recvs = false;
+  for (const Step& st : s) {
+    sends = sends || (uses_send(st.kind) && st.send_peer == peer);
+    recvs = recvs || (uses_recv(st.kind) && st.recv_peer == peer);
+  }
+  if (!sends) {
+    for (Step& st : s) {
+      if (st.after != SIZE_MAX) ++st.after;
+    }
+    Step hello;
+    hello.kind = StepKind::kSend;
+    hello.send_peer = peer;
+    s.insert(s.begin(), hello);
+  }
+  if (!recvs) p2p_recv(c, peer, BufRef{}, 0);
+}
+
+}  // namespace
+
+ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
+  const ScheduleFamily f = plan_family(c, d);
+  const bool rooted = d.kind == OpKind::kBroadcast || d.kind == OpKind::kReduce || d.kind == OpKind::kScatter ||
+                      d.kind == OpKind::kGather;
+  if (c.mutual_pair && c.world == 2 && rooted && f != kFamilyPull && !c.members) make_mutual(c);
+  return f;
+}
+
+bool plan_is_mutual(int world, bool check_agreement, ScheduleFamily family) {
+  return world == 2 && check_agreement && family != kFamilyPull;
 }
 
 }  // namespace ringcomm

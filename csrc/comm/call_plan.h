@@ -101,5 +101,9 @@ PlanBuffers buffers_of(const AddressedCall& a);
 // is planned here too (the dissemination barrier, family kFamilyFifo);
 // send/recv are not (comm/p2p_match.cpp runs them).
 ScheduleFamily plan_call(const PlanContext& c, const CallPlan& call);
+// Whether a rooted call's plan (made with PlanContext::mutual_pair set as the
+// communicator sets it: two ranks, the agreement check on) has both ranks
+// hear from each other, so that it needs no agreement round.
+bool plan_is_mutual(int world, bool check_agreement, ScheduleFamily family);
 
 }  // namespace ringcomm

@@ -38,6 +38,7 @@ const Plan& Communicator::plan(Call& c, size_t* out_bytes_out) {
   const size_t slice = ring_slice_elems(config_.slot_bytes, config_.nslots, elem);
   PlanContext ctx{rank_, world_, elem, slice, nullptr};
   ctx.topo = &topo_;
+  ctx.mutual_pair = world_ == 2 && config_.check_agreement;
   if (!ring_identity_) {
     ctx.ring = ring_order_.data();
     ctx.ring_pos = ring_pos_;
@@ -108,7 +109,11 @@ void Communicator::run_call(Call& c) {
   const Plan& p = known ? *c.plan : plan(c, &out_bytes);
   const CallInfo info = info_of(c);
   const Clock::time_point deadline = deadline_from_now();
-  if (is_rooted(c.kind) && config_.check_agreement) agree_on_call(c, deadline, info);
+  // (Two ranks: the plan itself has both ranks hear from each other.)
+  if (is_rooted(c.kind) && config_.check_agreement &&
+      !plan_is_mutual(world_, config_.check_agreement, static_cast<ScheduleFamily>(p.family))) {
+    agree_on_call(c, deadline, info);
+  }
   executor_.set_streaming(out_bytes >= kStreamingCopyMinBytes);  // c.a: the output
   PlanBuffers bufs;
   bufs.base[kOut] = c.a.ptr;

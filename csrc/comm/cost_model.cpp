@@ -195,10 +195,12 @@ void CostModel::build() {
     return frac * std::max(pairs.inter ? p.inter.beta * pairs.inter_msgs : 0.0, p.intra.beta * pairs.intra_msgs);
   };
   // The dissemination barrier: ceil(log2 n) rounds of one message; rooted
-  // calls run it first, carrying the agreement check (a few words).
+  // calls run it first, carrying the agreement check (a few words), except
+  // at two ranks, where their schedules have both ranks hear from each
+  // other instead (an empty message each way, at once: comm/call_plan.cpp).
   Tally bar{p, {}};
   for (int d = 1; d < n; d *= 2) bar.step(shape_of(topo_, [&](int r) { return (r + d) % n; }, per_host), 0);
-  const double agreement = limits_.check_agreement ? bar.cost.a : 0;
+  const double agreement = limits_.check_agreement && n > 2 ? bar.cost.a : 0;
 
   // Ring (host-contiguous): 2(n-1) steps of S/n for all_reduce.
   const StepShape ring = ring_shape(topo_, per_host);

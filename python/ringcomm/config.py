@@ -106,7 +106,8 @@ SETTINGS = (
             "microseconds it then yields before it sleeps (0 to 6e7)"),
     Setting("RINGCOMM_CHECK_AGREEMENT", lambda c: "1" if c.check_agreement else "0",
             "`0`: rooted calls (broadcast, reduce, scatter, gather) skip the agreement check (ceil(log2 n) "
-            "rounds) that makes ranks disagreeing on the root raise; for measuring its cost; the same on every rank"),
+            "rounds; at two ranks an empty message each way inside the call's schedule) that makes ranks "
+            "disagreeing on the root raise; for measuring its cost; the same on every rank"),
     Setting("RINGCOMM_HOST_ID", "unset",
             "overrides the host identity (hostname + boot id; network namespaces share both; at most 255 "
             "characters)", "python/ringcomm/bootstrap.py"),

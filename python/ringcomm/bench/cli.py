@@ -101,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
            "%(default)s); 0: one call per iteration (isolated-call latency)")
     a("--timeout", type=float, default=300.0,
       help="seconds any rendezvous or call may block before failing (default %(default)s)")
-    a("--no-memcpy", action="store_true", help="skip the memcpy reference")
+    a("--no-memcpy", action="store_true", help="skip the memcpy references")
+    a("--socket", action="store_true",
+      help="also time a plain TCP socket exchange between ranks 0 and 1 over the address ringcomm's "
+           "TCP transport advertises, same sizes, same run (the TCP reference: bench/socket_ref.py)")
     a("--explain", action="store_true",
       help="also print, per size, the algorithm ringcomm runs with its predicted time and the "
            "other candidates' (ringcomm.explain; the JSON gets them too)")
@@ -230,7 +233,7 @@ class Sweep:
         # One thread per rank for torch's own kernels, so ranks do not fight over cores
         # (gloo reduces in the calling thread either way).
         torch.set_num_threads(1)
-        store = launch.make_store(info, args.timeout)
+        store = self.store = launch.make_store(info, args.timeout)
         dist.init_process_group("gloo", store=dist.PrefixStore("control/", store),
                                 rank=info.rank, world_size=info.world_size,
                                 timeout=datetime.timedelta(seconds=args.timeout))
@@ -244,6 +247,8 @@ class Sweep:
             finally:
                 for b in backends:
                     b.close()
+                if getattr(self, "socket_ref", None) is not None:
+                    self.socket_ref.close()
         finally:
             dist.destroy_process_group()
 
@@ -386,6 +391,11 @@ class Sweep:
                               check=bool(args.check))
         memcpy = None if args.no_memcpy else MemcpyReference(control, _max_buffer(args, n))
         memcpy_all = None if args.no_memcpy else MemcpyAllReference(control, _max_buffer(args, n))
+        sock = None
+        if args.socket and n > 1:
+            from ringcomm.bench.socket_ref import SocketReference
+
+            sock = self.socket_ref = SocketReference(control, self.store, _max_buffer(args, n), args.timeout)
         descriptions = {b.name: b.describe() for b in backends}
         for b in backends:
             if isinstance(b, RingcommBackend):  # how ringcomm grouped the ranks (all call this)
@@ -396,7 +406,8 @@ class Sweep:
             self.warn("no backend could run; nothing to measure")
             return 1
 
-        steps = len(args.ops) * len(args.sizes) * (len(backends) + 2 * (memcpy is not None))
+        refs = ([memcpy, memcpy_all] if memcpy is not None else []) + ([sock] if sock is not None else [])
+        steps = len(args.ops) * len(args.sizes) * (len(backends) + len(refs))
         progress = Progress(steps, {"auto": None, "on": True, "off": False}[args.progress]
                             ) if rank == 0 else Progress(steps, False)
         rows: List[Row] = []
@@ -405,7 +416,8 @@ class Sweep:
             coll = COLLECTIVES[op]
             redop = args.op if coll.reduces else "none"
             root = args.root if coll.rooted else -1
-            table = Table(self.out, op, names, memcpy is not None, explain=ring is not None)
+            table = Table(self.out, op, names, memcpy is not None, explain=ring is not None,
+                          socket=sock is not None)
             if rank == 0:
                 table.header({b.name: b.notes[key] for b in backends
                               for key in (op, redop) if key in b.notes})
@@ -414,7 +426,7 @@ class Sweep:
             for k, size in enumerate(args.sizes):
                 layout = coll.layout(size, args.dtype.itemsize, n)
                 if layout is None or layout.size in seen:
-                    progress.done += len(backends) + 2 * (memcpy is not None)
+                    progress.done += len(backends) + len(refs)
                     continue
                 seen.add(layout.size)
                 row = Row(op, layout.size, layout.count, args.dtype.label, redop, root,
@@ -425,17 +437,13 @@ class Sweep:
                 # Take turns, and rotate who goes first, so drift hits every backend
                 # alike: the checks and warm-ups one after another, then the samples
                 # in turns (timing.measure_side_by_side).
-                order: list = list(backends) + ([memcpy, memcpy_all] if memcpy is not None else [])
+                order: list = list(backends) + refs
                 order = order[k % len(order):] + order[:k % len(order)]
                 prepared = []
                 for b in order:
                     label = f"{op} {format_size(layout.size)} {b.name}"
-                    if b is memcpy or b is memcpy_all:
-                        m = b.measure(layout.size, params)
-                        if b is memcpy:
-                            row.memcpy = m
-                        else:
-                            row.memcpy_all = m
+                    if b in refs:
+                        setattr(row, b.name, b.measure(layout.size, params))
                         progress.step(label)
                         continue
                     reason = dead.get(b.name) or b.unsupported(coll, args.dtype, args.op)
@@ -492,6 +500,10 @@ class Sweep:
             self.say("#  memcpy: np.copyto between page-aligned buffers, 1 thread, on rank 0 "
                      "(the others idle), same sizes, same run; memcpy_n: the same on every rank "
                      "at once (each its own buffers), the slowest rank's time")
+        if getattr(self, "socket_ref", None) is not None:
+            self.say("#  socket: ranks 0 and 1 each send the size to the other over one plain TCP connection "
+                     "(TCP_NODELAY) between the addresses ringcomm's TCP transport advertises, at once; "
+                     "GB/s = size / time (one direction)")
         self.say(f"#  sizes {format_size(args.sizes[0])} .. {format_size(args.sizes[-1])}, "
                  + (f"x{args.stepfactor}" if args.stepfactor > 1 else f"+{args.stepbytes} B")
                  + f"; type {args.dtype.label}; redop {args.op}; root {args.root}; "

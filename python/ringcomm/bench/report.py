@@ -53,6 +53,7 @@ class Row:
     cells: Dict[str, Cell] = field(default_factory=dict)
     memcpy: Optional[Measurement] = None
     memcpy_all: Optional[Measurement] = None  # every rank copying at once (timing.MemcpyAllReference)
+    socket: Optional[Measurement] = None  # --socket: a plain TCP exchange, ranks 0 and 1 (socket_ref.py)
     # --explain: ringcomm's candidates (name, predicted seconds), what it runs first
     explain: Optional[List[Tuple[str, float]]] = None
 
@@ -65,6 +66,11 @@ class Row:
         if self.memcpy_all is None or not self.memcpy_all.samples_s:
             return None
         return self.size / self.memcpy_all.time_s / 1e9
+
+    def socket_gbps(self) -> Optional[float]:
+        if self.socket is None or not self.socket.samples_s:
+            return None
+        return self.size / self.socket.time_s / 1e9
 
 
 def format_time(us: float) -> str:
@@ -79,8 +85,10 @@ def format_time(us: float) -> str:
 class Table:
     """Prints one primitive's table, row by row as results arrive (rank 0 only)."""
 
-    def __init__(self, out: TextIO, op: str, backends: List[str], memcpy: bool, explain: bool = False):
+    def __init__(self, out: TextIO, op: str, backends: List[str], memcpy: bool, explain: bool = False,
+                 socket: bool = False):
         self.out, self.op, self.backends, self.memcpy = out, op, backends, memcpy
+        self.socket = socket
         self.explain = explain
         self.rows: List[Row] = []
 
@@ -91,6 +99,8 @@ class Table:
             w(f"# {self.op}, {backend}: {note}\n")
         groups = "".join(f"{b:^{GROUP_WIDTH}}" for b in self.backends)
         tail = f"  {'memcpy':>8}  {'memcpy_n':>8}" if self.memcpy else ""
+        if self.socket:
+            tail += f"  {'socket':>8}  {'socket':>8}"
         if self.explain:
             tail += f"  {'ringcomm runs':>18}  {'predicted':>9}  {'other candidates (predicted us)'}"
         w(f"# {self.op:<50}{groups}{tail}\n")
@@ -98,6 +108,7 @@ class Table:
                         for _ in self.backends)
         w(f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}{names}"
           f"{'  ' + format('(GB/s)', '>8') + '  ' + format('(GB/s)', '>8') if self.memcpy else ''}"
+          f"{'  ' + format('(us)', '>8') + '  ' + format('(GB/s)', '>8') if self.socket else ''}"
           f"{'  ' + format('', '>18') + '  ' + format('(us)', '>9') if self.explain else ''}\n")
         units = "".join(f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>5}"
                         for _ in self.backends)
@@ -112,6 +123,10 @@ class Table:
         if self.memcpy:
             for gbps in (row.memcpy_gbps(), row.memcpy_all_gbps()):
                 line += f"  {gbps:8.2f}" if gbps is not None else f"  {'-':>8}"
+        if self.socket:
+            gbps = row.socket_gbps()
+            line += (f"  {format_time(row.socket.time_s * 1e6):>8}  {gbps:8.2f}" if gbps is not None
+                     else f"  {'-':>8}  {'-':>8}")
         if self.explain and row.explain:
             (name, t), rest = row.explain[0], row.explain[1:]
             others = " ".join(f"{n} {format_time(x * 1e6).strip()}" for n, x in rest)
@@ -291,9 +306,14 @@ def row_to_json(row: Row) -> Dict[str, object]:
         memcpy_all = {"time_us": row.memcpy_all.time_s * 1e6, "gbps": row.memcpy_all_gbps(),
                       "iters": len(row.memcpy_all.samples_s), "batch": row.memcpy_all.batch,
                       "samples_us": [s * 1e6 for s in row.memcpy_all.samples_s]}
+    sock = None
+    if row.socket is not None and row.socket.samples_s:
+        sock = {"time_us": row.socket.time_s * 1e6, "gbps": row.socket_gbps(),
+                "iters": len(row.socket.samples_s), "batch": row.socket.batch,
+                "samples_us": [s * 1e6 for s in row.socket.samples_s]}
     return {"op": row.op, "size_bytes": row.size, "count": row.count, "type": row.type,
             "redop": row.redop, "root": row.root, "busbw_factor": row.factor,
-            "backends": cells, "memcpy": memcpy, "memcpy_all": memcpy_all,
+            "backends": cells, "memcpy": memcpy, "memcpy_all": memcpy_all, "socket": sock,
             "explain": None if row.explain is None else [[n, _clean(t)] for n, t in row.explain]}
 
 
