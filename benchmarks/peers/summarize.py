@@ -70,8 +70,9 @@ def main(argv=None):
     p.add_argument("reports", nargs="+")
     a = p.parse_args(argv)
     pairs, busbw, meta = collect(a.reports)
-    print("# ringcomm against each CPU peer, time per call; each ratio = ringcomm's time / the peer's time, both from")
-    print("# the same job (median over jobs); best = the peer with the lowest time. Reports:")
+    print("# ringcomm against each CPU peer, time per call (us, median over the jobs that ran it); best = the peer")
+    print("# with the lowest time; ringcomm us = ringcomm's median in the best peer's jobs; ratio = ringcomm's time /")
+    print("# the best peer's, both from the same job (median over jobs): <= 1.00, ringcomm at least as fast. Reports:")
     for m in meta:
         print(f"#   {m[0]}: {m[1]}, {m[2]}, world {m[3]}, {m[4]}, MPI {m[5]}")
     print(f"#   command of the first: {meta[0][6]}" if meta else "#   (none)")
@@ -89,8 +90,8 @@ def main(argv=None):
             d = pairs[key]
             med = {p: statistics.median(t for t, _ in v) for p, v in d.items()}
             ratio = {p: statistics.median(r / t for t, r in v) for p, v in d.items()}
-            ring = statistics.median(r for v in d.values() for _, r in v)
             best = min(med, key=med.get)
+            ring = statistics.median(r for _, r in d[best])  # in the best peer's jobs
             worst_ratio = max(ratio[p] for p in ratio)
             line = f"{fmt_size(key[3]):>6} " + "".join(
                 f"{med[p]:13.2f}" if p in med else f"{'-':>13}" for p in peers)
