@@ -201,12 +201,8 @@ ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
   const ScheduleFamily f = plan_family(c, d);
   const bool rooted = d.kind == OpKind::kBroadcast || d.kind == OpKind::kReduce || d.kind == OpKind::kScatter ||
                       d.kind == OpKind::kGather;
-  if (c.mutual_pair && c.world == 2 && rooted && f != kFamilyPull && !c.members) make_mutual(c);
+  if (rooted && !c.members && plan_is_mutual(c.mutual_pair, f)) make_mutual(c);
   return f;
-}
-
-bool plan_is_mutual(int world, bool check_agreement, ScheduleFamily family) {
-  return world == 2 && check_agreement && family != kFamilyPull;
 }
 
 }  // namespace ringcomm

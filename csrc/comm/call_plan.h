@@ -101,9 +101,11 @@ PlanBuffers buffers_of(const AddressedCall& a);
 // is planned here too (the dissemination barrier, family kFamilyFifo);
 // send/recv are not (comm/p2p_match.cpp runs them).
 ScheduleFamily plan_call(const PlanContext& c, const CallPlan& call);
-// Whether a rooted call's plan (made with PlanContext::mutual_pair set as the
-// communicator sets it: two ranks, the agreement check on) has both ranks
-// hear from each other, so that it needs no agreement round.
-bool plan_is_mutual(int world, bool check_agreement, ScheduleFamily family);
+// PlanContext::mutual_pair of a communicator: two ranks, the agreement check on.
+inline bool wants_mutual_pair(int world, bool check_agreement) { return world == 2 && check_agreement; }
+// Whether a rooted call's plan, made with `mutual_pair`, has both ranks hear
+// from each other (plan_call), so that it needs no agreement round: every
+// family but pull (whose steps carry no headers).
+inline bool plan_is_mutual(bool mutual_pair, ScheduleFamily family) { return mutual_pair && family != kFamilyPull; }
 
 }  // namespace ringcomm

@@ -232,7 +232,7 @@ class Communicator {
   // thread (submit and sendrecv take it under mu_ when nothing is queued).
   void release_inline();
   void assign_seq(Call& call);
-  std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk, bool notify);
+  std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk, bool async);
   void execute(Call& call, Work& work);
   // Runs a collective (or the barrier): plans it (the plan cache), agrees on
   // it (rooted calls), runs its plan over its buffers; throws its error.

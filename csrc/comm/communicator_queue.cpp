@@ -254,9 +254,8 @@ void Communicator::help(const Work* work, bool may_run) {
   }
   if (work->is_completed() || queue_.empty()) return;
   // Left to the worker (a group, a timed wait, or behind a call another
-  // thread runs):
-  // someone waits, so nothing queued waits out its hand-off any longer. A
-  // running call wakes the worker as it ends.
+  // thread runs): someone waits, so nothing queued waits out its hand-off
+  // any longer. A running call wakes the worker as it ends.
   for (Item& it : queue_) it.first.due = Clock::time_point{};
   if (!running_) cv_.notify_all();
 }

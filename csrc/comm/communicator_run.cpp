@@ -38,7 +38,7 @@ const Plan& Communicator::plan(Call& c, size_t* out_bytes_out) {
   const size_t slice = ring_slice_elems(config_.slot_bytes, config_.nslots, elem);
   PlanContext ctx{rank_, world_, elem, slice, nullptr};
   ctx.topo = &topo_;
-  ctx.mutual_pair = world_ == 2 && config_.check_agreement;
+  ctx.mutual_pair = wants_mutual_pair(world_, config_.check_agreement);
   if (!ring_identity_) {
     ctx.ring = ring_order_.data();
     ctx.ring_pos = ring_pos_;
@@ -111,7 +111,7 @@ void Communicator::run_call(Call& c) {
   const Clock::time_point deadline = deadline_from_now();
   // (Two ranks: the plan itself has both ranks hear from each other.)
   if (is_rooted(c.kind) && config_.check_agreement &&
-      !plan_is_mutual(world_, config_.check_agreement, static_cast<ScheduleFamily>(p.family))) {
+      !plan_is_mutual(wants_mutual_pair(world_, config_.check_agreement), p.family)) {
     agree_on_call(c, deadline, info);
   }
   executor_.set_streaming(out_bytes >= kStreamingCopyMinBytes);  // c.a: the output

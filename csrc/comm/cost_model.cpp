@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "comm/call_plan.h"
 #include "ringcomm/types.h"
 
 namespace ringcomm {
@@ -200,7 +201,8 @@ void CostModel::build() {
   // other instead (an empty message each way, at once: comm/call_plan.cpp).
   Tally bar{p, {}};
   for (int d = 1; d < n; d *= 2) bar.step(shape_of(topo_, [&](int r) { return (r + d) % n; }, per_host), 0);
-  const double agreement = limits_.check_agreement && n > 2 ? bar.cost.a : 0;
+  const double agreement =
+      limits_.check_agreement && !wants_mutual_pair(n, limits_.check_agreement) ? bar.cost.a : 0;
 
   // Ring (host-contiguous): 2(n-1) steps of S/n for all_reduce.
   const StepShape ring = ring_shape(topo_, per_host);
