@@ -205,6 +205,7 @@ class Sweep:
     def __init__(self, args: argparse.Namespace, argv: List[str]):
         self.args, self.argv = args, argv
         self.out = sys.stdout
+        self.socket_ref = None  # --socket: the plain TCP reference (bench/socket_ref.py)
 
     def say(self, text: str) -> None:
         if self.info.rank == 0:
@@ -247,7 +248,7 @@ class Sweep:
             finally:
                 for b in backends:
                     b.close()
-                if getattr(self, "socket_ref", None) is not None:
+                if self.socket_ref is not None:
                     self.socket_ref.close()
         finally:
             dist.destroy_process_group()
@@ -500,7 +501,7 @@ class Sweep:
             self.say("#  memcpy: np.copyto between page-aligned buffers, 1 thread, on rank 0 "
                      "(the others idle), same sizes, same run; memcpy_n: the same on every rank "
                      "at once (each its own buffers), the slowest rank's time")
-        if getattr(self, "socket_ref", None) is not None:
+        if self.socket_ref is not None:
             self.say("#  socket: ranks 0 and 1 each send the size to the other over one plain TCP connection "
                      "(TCP_NODELAY) between the addresses ringcomm's TCP transport advertises, at once; "
                      "GB/s = size / time (one direction)")

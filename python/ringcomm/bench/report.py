@@ -57,20 +57,20 @@ class Row:
     # --explain: ringcomm's candidates (name, predicted seconds), what it runs first
     explain: Optional[List[Tuple[str, float]]] = None
 
-    def memcpy_gbps(self) -> Optional[float]:
-        if self.memcpy is None or not self.memcpy.samples_s:
+    def reference_gbps(self, m: Optional[Measurement]) -> Optional[float]:
+        """size / time of one of the row's references (memcpy, memcpy_all, socket)."""
+        if m is None or not m.samples_s:
             return None
-        return self.size / self.memcpy.time_s / 1e9
+        return self.size / m.time_s / 1e9
+
+    def memcpy_gbps(self) -> Optional[float]:
+        return self.reference_gbps(self.memcpy)
 
     def memcpy_all_gbps(self) -> Optional[float]:
-        if self.memcpy_all is None or not self.memcpy_all.samples_s:
-            return None
-        return self.size / self.memcpy_all.time_s / 1e9
+        return self.reference_gbps(self.memcpy_all)
 
     def socket_gbps(self) -> Optional[float]:
-        if self.socket is None or not self.socket.samples_s:
-            return None
-        return self.size / self.socket.time_s / 1e9
+        return self.reference_gbps(self.socket)
 
 
 def format_time(us: float) -> str:
@@ -296,21 +296,13 @@ def row_to_json(row: Row) -> Dict[str, object]:
                         "iters": len(m.samples_s), "batch": m.batch, "warmup": m.warmup,
                         "min_us": min(m.samples_s) * 1e6, "max_us": max(m.samples_s) * 1e6,
                         "samples_us": [s * 1e6 for s in m.samples_s]}
-    memcpy = None
-    if row.memcpy is not None and row.memcpy.samples_s:
-        memcpy = {"time_us": row.memcpy.time_s * 1e6, "gbps": row.memcpy_gbps(),
-                  "iters": len(row.memcpy.samples_s), "batch": row.memcpy.batch,
-                  "samples_us": [s * 1e6 for s in row.memcpy.samples_s]}
-    memcpy_all = None
-    if row.memcpy_all is not None and row.memcpy_all.samples_s:
-        memcpy_all = {"time_us": row.memcpy_all.time_s * 1e6, "gbps": row.memcpy_all_gbps(),
-                      "iters": len(row.memcpy_all.samples_s), "batch": row.memcpy_all.batch,
-                      "samples_us": [s * 1e6 for s in row.memcpy_all.samples_s]}
-    sock = None
-    if row.socket is not None and row.socket.samples_s:
-        sock = {"time_us": row.socket.time_s * 1e6, "gbps": row.socket_gbps(),
-                "iters": len(row.socket.samples_s), "batch": row.socket.batch,
-                "samples_us": [s * 1e6 for s in row.socket.samples_s]}
+    def reference(m: Optional[Measurement]):
+        if m is None or not m.samples_s:
+            return None
+        return {"time_us": m.time_s * 1e6, "gbps": row.reference_gbps(m), "iters": len(m.samples_s),
+                "batch": m.batch, "samples_us": [s * 1e6 for s in m.samples_s]}
+
+    memcpy, memcpy_all, sock = reference(row.memcpy), reference(row.memcpy_all), reference(row.socket)
     return {"op": row.op, "size_bytes": row.size, "count": row.count, "type": row.type,
             "redop": row.redop, "root": row.root, "busbw_factor": row.factor,
             "backends": cells, "memcpy": memcpy, "memcpy_all": memcpy_all, "socket": sock,

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import numpy as np
 
 from ringcomm.bench.buffers import aligned_bytes
-from ringcomm.bench.timing import Control, Measurement, TimingParams, _extra_warmup, _schedule, _timed_samples
+from ringcomm.bench.timing import Control, Measurement, TimingParams, _schedule, _timed_samples, warm_up
 
 
 class SocketReference:
@@ -53,7 +52,6 @@ class SocketReference:
             self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         self.sock.settimeout(timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.where = f"{addr} <-> peer"
 
     def _exchange(self, nbytes: int) -> None:
         out = memoryview(self.src)[:nbytes]
@@ -85,28 +83,15 @@ class SocketReference:
 
     def measure(self, nbytes: int, p: TimingParams) -> Measurement:
         c = self.control
-        per_call = 0.0
-        c.barrier()
-        if self.sock is not None:
-            n = max(nbytes, 1)
-            self._exchange(n)
-            t0 = time.perf_counter()
-            self._exchange(n)
-            first = time.perf_counter() - t0
-            extra = _extra_warmup(first, p)
-            per_call = first
-            if extra:
-                t0 = time.perf_counter()
-                for _ in range(extra):
-                    self._exchange(n)
-                per_call = (time.perf_counter() - t0) / extra
-        per_call = float(c.gather_all([per_call]).max())
+        n = max(nbytes, 1)
+        # Ranks past 1 sit it out (their run is a no-op) but agree on the times.
+        run = (lambda: self._exchange(n)) if self.sock is not None else (lambda: None)
+        per_call, _ = warm_up(run, p, c.slowest, c.barrier)
         batch, samples = _schedule(per_call, p)
         times = np.zeros(samples)
         if self.sock is not None:
             # Both ends loop alike (the schedule is agreed): an exchange pairs itself up.
-            times = _timed_samples(lambda: None, lambda: self._exchange(max(nbytes, 1)), lambda: None,
-                                   batch, samples)
+            times = _timed_samples(lambda: None, run, lambda: None, batch, samples)
         slowest = c.gather_all(np.asarray(times, dtype=float)).max(axis=0)
         c.barrier()
         return Measurement(samples_s=slowest.tolist(), batch=batch)

@@ -90,6 +90,10 @@ class Control:
         self.dist.all_gather(rows, t)
         return np.stack([r.numpy() for r in rows])
 
+    def slowest(self, seconds: float) -> float:
+        """The largest of every rank's `seconds`."""
+        return float(self.gather_all([seconds]).max())
+
     def gather_objects(self, obj) -> list:
         out = [None] * self.world_size
         self.dist.all_gather_object(out, obj)
@@ -98,6 +102,30 @@ class Control:
 
 def _extra_warmup(first_s: float, p: TimingParams) -> int:
     return int(min(max(p.warmup - 2, 0), (p.budget_s / 4) // max(first_s, 1e-9)))
+
+
+def warm_up(run: Callable[[], None], p: TimingParams, agree: Optional[Callable[[float], float]] = None,
+            barrier: Callable[[], None] = lambda: None):
+    """A reference's warm-up: one call, one timed call, then the extra warm-up
+    calls (_extra_warmup). `agree` turns this rank's time into the one every
+    rank uses (the slowest rank's, for references that run on every rank at
+    once), so that all ranks make as many calls: a socket's two ends pair
+    theirs up. Returns (per-call seconds, extra calls made)."""
+    agree = agree or (lambda s: s)
+    run()
+    barrier()
+    t0 = time.perf_counter()
+    run()
+    first = agree(time.perf_counter() - t0)
+    extra = _extra_warmup(first, p)
+    per_call = first
+    if extra:
+        barrier()
+        t0 = time.perf_counter()
+        for _ in range(extra):
+            run()
+        per_call = agree((time.perf_counter() - t0) / extra)
+    return per_call, extra
 
 
 def _schedule(per_call_s: float, p: TimingParams):
@@ -277,17 +305,7 @@ class MemcpyReference:
             def copy():
                 np.copyto(dst, src)
 
-            copy()
-            t0 = time.perf_counter()
-            copy()
-            first = time.perf_counter() - t0
-            extra = _extra_warmup(first, p)
-            per_call = first
-            if extra:
-                t0 = time.perf_counter()
-                for _ in range(extra):
-                    copy()
-                per_call = (time.perf_counter() - t0) / extra
+            per_call, extra = warm_up(copy, p)
             batch, samples = _schedule(per_call, p)
             times = _timed_samples(lambda: None, copy, lambda: None, batch, samples)
             result = Measurement(samples_s=times.tolist(), batch=batch, warmup=2 + extra)
@@ -318,19 +336,7 @@ class MemcpyAllReference:
         def copy():
             np.copyto(dst, src)
 
-        copy()
-        c.barrier()
-        t0 = time.perf_counter()
-        copy()
-        first = float(c.gather_all([time.perf_counter() - t0]).max())
-        extra = _extra_warmup(first, p)
-        per_call = first
-        if extra:
-            c.barrier()
-            t0 = time.perf_counter()
-            for _ in range(extra):
-                copy()
-            per_call = float(c.gather_all([(time.perf_counter() - t0) / extra]).max())
+        per_call, extra = warm_up(copy, p, c.slowest, c.barrier)
         batch, samples = _schedule(per_call, p)
         times = _timed_samples(c.barrier, copy, lambda: None, batch, samples)
         slowest = c.gather_all(np.asarray(times, dtype=float)).max(axis=0)

@@ -22,7 +22,7 @@ from ringcomm import _C, bootstrap, validate
 from ringcomm.communicator import Communicator
 from ringcomm.config import make_config
 from ringcomm.errors import TimeoutError  # noqa: A004
-from ringcomm.reduce_op import ReduceOp, op_value
+from ringcomm.reduce_op import ReduceOp
 from ringcomm.torch_backend.tensors import Staging, as_movable, as_reducible, flat, reduce_op
 from ringcomm.torch_backend.work import Completer, RingcommWork, StreamEvent
 
@@ -59,7 +59,8 @@ _FAST_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.fl
 
 _STRIDED = torch.strided
 _TORCH_SUM = dist.ReduceOp.SUM
-_SUM_VALUE = op_value(ReduceOp.SUM)
+_SUM = ReduceOp.SUM
+_SUM_VALUE = int(ReduceOp.SUM)
 
 
 def _is_async(opts):
@@ -241,23 +242,20 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     # -- reductions -----------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        if (opts is not None and type(tensors) is list and len(tensors) == 1
-                and not self._detail and not _profiler_enabled() and self._coalesced is None):
-            # The common call on one dense CPU tensor: straight to the native
-            # call (it reads any contiguous shape), without the general path's
-            # staging. Every step here is paid per call: about as much as the
-            # 4-byte all_reduce itself (benchmarks/torch_overhead.py).
-            t = tensors[0]
-            native = self._comm._native
-            if (native is not None and type(t) is torch.Tensor and t.is_cpu and t.layout is _STRIDED
-                    and t.dtype in _FAST_DTYPES and t.is_contiguous()):
-                r = opts.reduceOp
-                self._seq += 1
-                if not opts.asyncOp:
-                    native.all_reduce(t, _SUM_VALUE if r == _TORCH_SUM else op_value(reduce_op(r)), False)
-                    return RingcommWork((), tensors)
-                w = self._comm.all_reduce(t, ReduceOp.SUM if r == _TORCH_SUM else reduce_op(r), async_op=True)
-                return RingcommWork([w], tensors, None, self._completer)
+        # The common call on one dense CPU tensor: straight to the native call
+        # (it reads any contiguous shape), without the general path's staging.
+        # Every step here is paid per call: about as much as the 4-byte
+        # all_reduce itself (benchmarks/torch_overhead.py).
+        t = self._fast_tensor(tensors) if opts is not None and not self._detail else None
+        native = self._comm._native
+        if t is not None and native is not None:
+            r = opts.reduceOp
+            rop = _SUM if r == _TORCH_SUM else reduce_op(r)
+            self._seq += 1
+            if not opts.asyncOp:
+                native.all_reduce(t, _SUM_VALUE if rop is _SUM else int(rop), False)
+                return RingcommWork((), tensors)
+            return RingcommWork([self._comm.all_reduce(t, rop, async_op=True)], tensors, None, self._completer)
         op = _op_of(opts)
         tensors = _as_list(tensors)
         staging, calls = Staging(), []
@@ -512,7 +510,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     # (csrc/comm/p2p_match.cpp). torch's blocking send/recv are isend/irecv
     # plus wait(), so these always issue asynchronously.
     def send(self, tensors, dstRank, tag=0):
-        t = self._fast_p2p_tensor(tensors)
+        t = self._fast_tensor(tensors)
         if t is not None:
             self._seq += 1
             return RingcommWork([self._comm.send(t, dstRank, async_op=True, tag=tag)], tensors, None, self._completer)
@@ -532,9 +530,10 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             raise ValueError(f"ringcomm recv from any source: expected one tensor, got {len(tensors)}")
         return self._recv(tensors, None, tag)
 
-    def _fast_p2p_tensor(self, tensors):
-        """The one dense contiguous CPU tensor of a send/recv that can go to the
-        communicator as it is (no staging, no profiler record), else None."""
+    def _fast_tensor(self, tensors):
+        """The one dense contiguous CPU tensor of a call (all_reduce, send, recv)
+        that can go to the communicator as it is (no staging, no profiler
+        record, no coalescing), else None."""
         if type(tensors) is list and len(tensors) == 1 and self._coalesced is None and not _profiler_enabled():
             t = tensors[0]
             if (type(t) is torch.Tensor and t.is_cpu and t.layout is _STRIDED and t.dtype in _FAST_DTYPES
@@ -543,7 +542,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         return None
 
     def _recv(self, tensors, src, tag):
-        t = self._fast_p2p_tensor(tensors)
+        t = self._fast_tensor(tensors)
         if t is not None:
             self._seq += 1
             w = self._comm.recv(t, src, async_op=True, tag=tag)
