@@ -28,7 +28,7 @@ def _own_segments():
 def _census(rank, **over):
     rec = {"host": bootstrap.host_identity(), "pid": os.getpid(), "pidns": bootstrap.pid_namespace(),
            "slot_bytes": 131072, "nslots": 16, "ranks": None, "transport": "shm", "check_agreement": True,
-           "cost_model": "measure", "cost_model_error": None, "ring_order": "host"}
+           "autotune": True, "cost_model": "measure", "cost_model_error": None, "ring_order": "host"}
     rec.update(over)
     return rec
 

@@ -30,6 +30,7 @@ void bind_communicator(py::module_& m) {
       .def_readwrite("cost_model", &Config::cost_model)
       .def_readwrite("ring_order", &Config::ring_order)
       .def_readwrite("plan_cache_entries", &Config::plan_cache_entries)
+      .def_readwrite("autotune", &Config::autotune)
       .def_property(
           "spin_us", [](const Config& c) { return std::chrono::duration<double, std::micro>(c.wait.spin).count(); },
           [](Config& c, double us) {

@@ -138,6 +138,25 @@ void bind_cost_model(py::module_& m) {
       .def("cost_params", [](const Communicator& c) { return params_dict(c.cost_model().params()); })
       .def("explain", [](const Communicator& c, const std::string& op, size_t nbytes) {
         return c.explain(collective_arg(op), nbytes);
+      })
+      .def("tuning", [](const Communicator& c) {
+        py::list out;
+        for (const AutoTuner::Report& r : c.tuning()) {
+          py::dict d;
+          d["op"] = op_kind_name(r.kind);
+          d["nbytes"] = r.bytes;
+          d["state"] = AutoTuner::state_name(r.state);
+          d["runs"] = algo_name(r.pick);
+          d["model_pick"] = algo_name(r.model_pick);
+          d["predicted_s"] = r.predicted;
+          d["kept_s"] = r.reference;
+          d["explorations"] = r.explorations;
+          py::list measured;
+          for (const auto& m : r.measured) measured.append(py::make_tuple(algo_name(m.first), m.second));
+          d["measured"] = measured;
+          out.append(d);
+        }
+        return out;
       });
 }
 

@@ -35,6 +35,7 @@ Communicator::Communicator(int rank, int world, Config config)
   p2p_group_.reserve(64);
   executor_.set_p2p_absorb([this](int peer) { return matcher_.absorb(peer); });
   for (int i = 0; i < world_; ++i) ring_order_[i] = i;
+  tuner_.enable(config_.autotune && world_ > 1);
   set_topology(std::vector<int>(world_, 0));
 }
 

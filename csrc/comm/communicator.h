@@ -10,7 +10,7 @@
 //   communicator_calls.cpp   the public calls, described and checked
 //   communicator_queue.cpp   numbering, the thread rule, the queue, the worker, the inline path
 //   communicator_run.cpp     the chooser's pick, the plan, the executor run; explain
-//   communicator_agree.cpp   rooted calls' agreement on the call
+//   communicator_agree.cpp   rooted calls' agreement on the call; the tuner's agreements
 //   communicator_p2p.cpp     send/recv groups and sendrecv
 #pragma once
 
@@ -29,6 +29,7 @@
 #include "comm/algo_choice.h"
 #include "comm/buffer.h"
 #include "comm/call_check.h"
+#include "comm/autotune.h"
 #include "comm/chooser.h"
 #include "comm/cost_model.h"
 #include "comm/describe.h"
@@ -72,6 +73,8 @@ struct Config {
   // Plans kept per call signature and run as they stand on each call's buffers
   // (comm/plan_cache.h); 0: every call is planned afresh.
   size_t plan_cache_entries = PlanCache::kDefaultEntries;
+  // `auto` checked against the calls' own times (comm/autotune.h).
+  bool autotune = true;
   WaitPolicy wait;
 };
 
@@ -136,8 +139,10 @@ class Communicator {
   PlanCacheStats plan_cache_stats() const { return plan_cache_.stats(); }
   // Every candidate for a call of `kind` moving `nbytes` (the size
   // nccl-tests reports) with its predicted seconds, what the call would run
-  // first (forced or picked; NaN: not modelled, e.g. pull).
+  // first (forced, tuned or picked; NaN: not modelled, e.g. pull).
   std::vector<std::pair<std::string, double>> explain(OpKind kind, size_t nbytes) const;
+  // What the tuner measured and keeps, per call signature (any thread may ask).
+  std::vector<AutoTuner::Report> tuning() const { return tuner_.report(); }
 
   // Every call returns the Work when `async`, nullptr after a synchronous
   // call completed (its error is thrown).
@@ -287,6 +292,13 @@ class Communicator {
   // Rooted calls: every rank checks, before the data moves, that all ranks
   // issued this same call (raises MismatchError on every rank if not).
   void agree_on_call(const Call& c, Clock::time_point deadline, const CallInfo& info);
+  // The minimum over all ranks of two words (the dissemination rounds of
+  // agree_on_call, within call c's messages); returns them.
+  const int64_t* agree_minimum(int64_t w0, int64_t w1, const MsgTag& tag, Clock::time_point deadline,
+                               const CallInfo& info);
+  // After call c ran from `start`: the tuner's sample, and its agreement
+  // when a window completes (comm/autotune.h).
+  void tune_after(const Call& c, Clock::time_point start, Clock::time_point deadline, const CallInfo& info);
   // A thread inside a call of this communicator (close() waits for it to leave).
   // The thread also notes which communicators it is inside (a signal
   // handler run by a wait of this call must not close() it under its feet).
@@ -350,6 +362,7 @@ class Communicator {
   bool pull_ok_ = false;
   Topology topo_;
   CostModel model_;
+  AutoTuner tuner_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -2,6 +2,8 @@
 // gather moves data, every rank learns whether all ranks issued the same call.
 #include "comm/communicator.h"
 
+#include <cmath>
+
 #include "algo/schedules.h"
 #include "ringcomm/reducer.h"
 
@@ -36,8 +38,23 @@ void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, cons
   constexpr uint64_t kRankMask = (1ull << kRankBits) - 1, kHashMask = (1ull << (63 - kRankBits)) - 1;
   h &= kHashMask;
   const uint64_t me = static_cast<uint64_t>(rank_) & kRankMask;
-  agreement_state_[0] = (h << kRankBits) | me;
-  agreement_state_[1] = ((~h & kHashMask) << kRankBits) | me;
+  const int64_t* w = agree_minimum(static_cast<int64_t>((h << kRankBits) | me),
+                                   static_cast<int64_t>(((~h & kHashMask) << kRankBits) | me), c.tag, deadline, info);
+  const uint64_t got[2] = {static_cast<uint64_t>(w[0]), static_cast<uint64_t>(w[1])};
+  const uint64_t lo = got[0] >> kRankBits, hi = ~(got[1] >> kRankBits) & kHashMask;
+  if (lo != hi) {
+    throw MismatchError("ringcomm: mismatched calls: ranks " + std::to_string(got[0] & kRankMask) + " and " +
+                        std::to_string(got[1] & kRankMask) + " issued different calls where rank " +
+                        std::to_string(rank_) + " is in " + describe_tag(c.tag) +
+                        " (the root, count, dtype, op or algorithm differ); all ranks must issue the same "
+                        "collectives in the same order");
+  }
+}
+
+const int64_t* Communicator::agree_minimum(int64_t w0, int64_t w1, const MsgTag& tag, Clock::time_point deadline,
+                                           const CallInfo& info) {
+  agreement_state_[0] = static_cast<uint64_t>(w0);
+  agreement_state_[1] = static_cast<uint64_t>(w1);
   if (agreement_schedule_.empty()) {
     PlanContext ctx{rank_, world_, sizeof(uint64_t), 1, &agreement_schedule_};
     agreement_result_ = dissemination_agreement(ctx, {kState, 0});
@@ -46,15 +63,34 @@ void Communicator::agree_on_call(const Call& c, Clock::time_point deadline, cons
   PlanBuffers bufs;
   bufs.base[kState] = reinterpret_cast<char*>(agreement_state_);
   static const Reducer minimum = make_reducer(DataType::kInt64, ReduceOp::kMin);
-  executor_.run(agreement_schedule_, bufs, c.tag, &minimum, deadline, info, nullptr, &agreement_flat_);
-  const uint64_t* got = agreement_state_ + agreement_result_.offset / sizeof(uint64_t);
-  const uint64_t lo = got[0] >> kRankBits, hi = ~(got[1] >> kRankBits) & kHashMask;
-  if (lo != hi) {
-    throw MismatchError("ringcomm: mismatched calls: ranks " + std::to_string(got[0] & kRankMask) + " and " +
-                        std::to_string(got[1] & kRankMask) + " issued different calls where rank " +
-                        std::to_string(rank_) + " is in " + describe_tag(c.tag) +
-                        " (the root, count, dtype, op or algorithm differ); all ranks must issue the same "
-                        "collectives in the same order");
+  executor_.run(agreement_schedule_, bufs, tag, &minimum, deadline, info, nullptr, &agreement_flat_);
+  return reinterpret_cast<const int64_t*>(agreement_state_ + agreement_result_.offset / sizeof(uint64_t));
+}
+
+// The tuner (comm/autotune.h) samples every call it tunes and, when a
+// window completes, has the ranks agree on the slowest rank's median: the
+// same rounds as above, inside the call that completed it, so every rank
+// changes its pick between the same two calls.
+void Communicator::tune_after(const Call& c, Clock::time_point start, Clock::time_point deadline,
+                              const CallInfo& info) {
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  int64_t word = 0;
+  const bool agree = tuner_.record(c.kind, c.model_bytes, secs, &word, [&] {
+    ChoiceCall call;
+    call.kind = c.kind;
+    call.bytes = c.model_bytes;
+    std::vector<Candidate> out;
+    for (const Candidate& k : candidates(choice_context(c.kind), call)) {
+      if (std::isfinite(k.seconds)) out.push_back(k);  // what the model can run for it
+    }
+    return out;
+  });
+  if (!agree) return;
+  const int64_t* got = agree_minimum(word, 0, c.tag, deadline, info);
+  if (tuner_.agreed(c.kind, c.model_bytes, got[0])) {
+    plan_cache_.forget_memos();  // a memo of this signature's plan (queued copies too) asks again
+    memo_.valid = false;
+    check_memo_.call.plan = nullptr;
   }
 }
 

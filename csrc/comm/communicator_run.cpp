@@ -4,6 +4,8 @@
 #include "comm/communicator.h"
 
 #include "comm/call_plan.h"
+
+#include <algorithm>
 #include "ringcomm/copy.h"
 
 namespace ringcomm {
@@ -14,6 +16,13 @@ std::vector<std::pair<std::string, double>> Communicator::explain(OpKind kind, s
   call.bytes = nbytes;
   std::vector<std::pair<std::string, double>> out;
   for (const Candidate& c : candidates(choice_context(kind), call)) out.emplace_back(algo_name(c.algo), c.seconds);
+  // What the tuner runs for this signature goes first (comm/autotune.h).
+  AutoTuner::Report r;
+  if (algos_.of(kind) == Algo::kAuto && tuner_.report_of(kind, nbytes, &r) && r.state != AutoTuner::State::kModel) {
+    const std::string name = algo_name(r.pick);
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == name; });
+    if (it != out.end()) std::rotate(out.begin(), it, it + 1);
+  }
   return out;
 }
 
@@ -90,6 +99,10 @@ ChoiceContext Communicator::choice_context(OpKind kind) const {
 }
 
 Algo Communicator::resolve_algo(OpKind kind, size_t bytes) const {
+  if (tuner_.on() && algos_.of(kind) == Algo::kAuto) {
+    const Algo tuned = tuner_.override_for(kind, bytes);
+    if (tuned != Algo::kAuto) return tuned;
+  }
   ChoiceCall call;
   call.kind = kind;
   call.bytes = bytes;
@@ -121,6 +134,10 @@ void Communicator::run_call(Call& c) {
   bufs.base[kScratch] = scratch_.data();
   bufs.base[kAddrs] = reinterpret_cast<char*>(addrs_.data());
   executor_.run(p.steps, bufs, c.tag, c.reduces ? &c.reducer : nullptr, deadline, info, nullptr, &p.flat);
+  if (tuner_.on() && c.kind != OpKind::kBarrier && algos_.of(c.kind) == Algo::kAuto &&
+      tuner_.wants_time(c.kind, c.model_bytes)) {
+    tune_after(c, deadline - timeout_, deadline, info);
+  }
 }
 
 void Communicator::execute(Call& c, Work& work) {

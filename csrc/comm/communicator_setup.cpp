@@ -70,6 +70,7 @@ void Communicator::rebuild_model(CostParams params) {
   lim.oneshot_max_bytes = config_.oneshot_max_bytes;
   lim.check_agreement = config_.check_agreement;
   model_ = CostModel(topo_, std::move(params), lim);
+  tuner_.reset();       // its checks compare with the old model's predictions
   memo_.valid = false;  // picks of the old model
   check_memo_.call.plan = nullptr;
 }

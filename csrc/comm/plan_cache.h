@@ -70,6 +70,9 @@ class PlanCache {
   // the same call again takes it without a lookup, and counts the hit here.
   bool kept(const Plan& p) const { return &p != &fresh_; }
   uint64_t generation() const { return generation_; }
+  // Moves the generation on without dropping a plan: every memo of a plan
+  // asks the cache again (the pick for a signature changed: comm/autotune.h).
+  void forget_memos() { ++generation_; }
   // Only the thread running the communicator's calls counts (one at a
   // time), so no locked add: stats() may read a count a call behind.
   void count_hit() { hits_.store(hits_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }

@@ -14,5 +14,7 @@ void bind_ipc_sim(pybind11::module_& m);
 void bind_plan_check(pybind11::module_& m);
 // The plan cache checker (testing/plan_cache_check.h).
 void bind_plan_cache(pybind11::module_& m);
+// The autotuner's state machine with made-up times (bind_autotune.cpp).
+void bind_autotune(pybind11::module_& m);
 
 }  // namespace ringcomm

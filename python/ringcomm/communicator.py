@@ -49,6 +49,7 @@ _CENSUS_SCHEMA = {
     "ranks": validate.optional(validate.list_of(validate.integer(0, 2**31 - 1), 1 << 24)),
     "transport": validate.one_of("auto", "shm", "tcp", "cuda_ipc"),
     "check_agreement": validate.boolean(),
+    "autotune": validate.boolean(),
     "cost_model": validate.one_of("measure", "default", "file"),
     "cost_model_error": validate.optional(validate.text(1000)),
     "ring_order": validate.one_of("host", "rank"),
@@ -134,6 +135,7 @@ class Communicator:
                 "ranks": ranks,
                 "transport": config.transport,
                 "check_agreement": config.check_agreement,
+                "autotune": config.autotune,
                 "cost_model": mode,
                 "cost_model_error": given_error,
                 "ring_order": config.ring_order,
@@ -256,7 +258,7 @@ class Communicator:
                     "but the transport is shm (shared memory, one host only): use RINGCOMM_TRANSPORT=auto "
                     "or tcp"
                 )
-            for key in ("slot_bytes", "nslots", "ranks", "transport", "check_agreement", "cost_model",
+            for key in ("slot_bytes", "nslots", "ranks", "transport", "check_agreement", "autotune", "cost_model",
                         "ring_order"):
                 if other[key] != mine[key]:
                     raise ValueError(
@@ -565,6 +567,18 @@ class Communicator:
                                                           one_shot_max=s["one_shot_max"],
                                                           two_shot_max=s["two_shot_max"],
                                                           stage_bytes=s["stage_bytes"])]
+
+    def tuning(self):
+        """What `auto`'s tuner (RINGCOMM_AUTOTUNE) stands at, per call signature
+        it has seen: dicts of op, nbytes (as explain() counts them), state
+        ("model": the model's pick, its calls within 1.3x of the prediction;
+        "exploring"; "tuned": the fastest measured, kept), runs (the family
+        the next call runs), model_pick and predicted_s (the model's),
+        kept_s (tuned: the ranks' agreed median time it was kept with),
+        explorations and measured (the last exploration: (family, agreed
+        median seconds) per candidate). The same on every rank. Empty when
+        the tuner is off, at world size 1, or for ops forced by RINGCOMM_ALGO."""
+        return list(self._c().tuning())
 
     def cost_params(self):
         """The cost model's parameters (the same on every rank) and where they came from."""

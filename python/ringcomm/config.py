@@ -108,6 +108,11 @@ SETTINGS = (
             "`0`: rooted calls (broadcast, reduce, scatter, gather) skip the agreement check (ceil(log2 n) "
             "rounds; at two ranks an empty message each way inside the call's schedule) that makes ranks "
             "disagreeing on the root raise; for measuring its cost; the same on every rank"),
+    Setting("RINGCOMM_AUTOTUNE", lambda c: "1" if c.autotune else "0",
+            "`1`: `auto` checks the model's pick against the calls' own times and, where they run more than 1.3x "
+            "from its prediction, measures the candidates and keeps the fastest, again when load comes or goes "
+            "(`comm.tuning()` shows it; [algorithms.md](algorithms.md#autotuning)); `0`: the model's pick always "
+            "(the same reduction order on every run); the same on every rank"),
     Setting("RINGCOMM_HOST_ID", "unset",
             "overrides the host identity (hostname + boot id; network namespaces share both; at most 255 "
             "characters)", "python/ringcomm/bootstrap.py"),
@@ -294,6 +299,7 @@ def make_config(timeout=None, algo=None, transport=None):
     cfg.spin_us = _env_float("RINGCOMM_SPIN_US", cfg.spin_us, 0.0, MAX_WAIT_US)
     cfg.yield_us = _env_float("RINGCOMM_YIELD_US", cfg.yield_us, 0.0, MAX_WAIT_US)
     cfg.check_agreement = _env_int("RINGCOMM_CHECK_AGREEMENT", 1, 0, 1) == 1
+    cfg.autotune = _env_int("RINGCOMM_AUTOTUNE", 1, 0, 1) == 1
     cfg.ring_order = _env_choice("RINGCOMM_RING_ORDER", "host", RING_ORDERS)
     cfg.plan_cache_entries = _env_int("RINGCOMM_PLAN_CACHE", cfg.plan_cache_entries, 0, MAX_PLAN_CACHE)
     cfg.cost_model = _cost_model_setting()
