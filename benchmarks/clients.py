@@ -43,6 +43,14 @@ CLIENTS = {
     "accelerate-launch": ("accelerate", "train_accelerate.py", "ddp", "accelerate"),
     "deepspeed-zero1": ("deepspeed", "train_deepspeed.py", "zero1", "torchrun"),
     "deepspeed-zero2": ("deepspeed", "train_deepspeed.py", "zero2", "torchrun"),
+    "transformers-trainer": ("transformers", "train_transformers.py", "trainer", "torchrun"),
+    "ray-train": ("ray", "train_ray.py", "torch_trainer", "python"),
+    "torchrun-restart": ("torch", "train_torchrun_restart.py", "ddp", "torchrun-restart"),
+    "torch-compile": ("torch", "train_torch_features.py", "compile", "torchrun"),
+    "torch-dtensor": ("torch", "train_torch_features.py", "dtensor", "torchrun"),
+    "torch-pipelining-gpipe": ("torch", "train_torch_features.py", "gpipe", "torchrun"),
+    "torch-pipelining-interleaved": ("torch", "train_torch_features.py", "interleaved", "torchrun"),
+    "torch-dcp": ("torch", "train_torch_features.py", "dcp", "torchrun"),
 }
 NPROC = 2
 
@@ -68,9 +76,12 @@ def _free_port():
 def _command(launcher, script, args):
     port = str(_free_port())
     bindir = os.path.dirname(sys.executable)
-    if launcher == "torchrun":
+    if launcher in ("torchrun", "torchrun-restart"):
+        restarts = ["--max-restarts", "2"] if launcher == "torchrun-restart" else []
         return [os.path.join(bindir, "torchrun"), "--nproc-per-node", str(NPROC), "--master-port", port,
-                script, *args]
+                *restarts, script, *args]
+    if launcher == "python":  # the client starts its own workers (Ray)
+        return [sys.executable, script, *args]
     return [os.path.join(bindir, "accelerate"), "launch", "--multi_gpu", "--num_processes", str(NPROC),
             "--num_machines", "1", "--main_process_port", port, "--mixed_precision", "no",
             "--dynamo_backend", "no", script, *args]

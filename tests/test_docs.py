@@ -53,7 +53,7 @@ def _anchors(path):
 def test_pages_exist():
     names = {p.name for p in PAGES[1:]}
     for page in ("usage.md", "errors.md", "configuration.md", "algorithms.md", "gpus.md", "performance.md",
-                 "parallel.md", "security.md", "torch_backend.md"):
+                 "parallel.md", "security.md", "torch_backend.md", "frameworks.md"):
         assert page in names, f"docs/{page} is missing (found: {sorted(names)})"
 
 

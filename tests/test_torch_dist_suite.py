@@ -16,19 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from suite_list import read_list
+
 HERE = Path(__file__).resolve().parent
 
 
 def _listed(world_size):
-    names = []
-    for line in (HERE / "torch_dist_suite_ci.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if not line:
-            continue
-        name, _, sizes = line.partition(" ")
-        if not sizes or str(world_size) in sizes.replace(",", " ").split():
-            names.append(name)
-    return names
+    return read_list(HERE / "torch_dist_suite_ci.txt", world_size)
 
 
 @pytest.mark.parametrize("world_size", (2, 3))
@@ -37,8 +31,7 @@ def test_torch_suite_subset_on_ringcomm(world_size, tmp_path):
     pytest.importorskip("hypothesis", reason="torch's test utilities need hypothesis")
     names = _listed(world_size)
     assert names, "the CI list is empty"
-    listing = tmp_path / "list.txt"
-    listing.write_text("\n".join(names) + "\n")
+    listing = HERE / "torch_dist_suite_ci.txt"  # as it stands: the driver reads its world sizes
     results = tmp_path / "results.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
     # faulthandler: a rank that crashes (SIGABRT, SIGSEGV) prints every thread's Python
@@ -65,3 +58,18 @@ def test_torch_suite_subset_on_ringcomm(world_size, tmp_path):
         report += "\n--- crash lines of the suite's stderr:\n" + "\n".join(said[-80:])
         report += "\n--- end of its stderr:\n" + proc.stderr[-4000:]
     assert not missing and not bad, f"missing {missing}\n{report}"
+
+
+def test_the_list_format(tmp_path):
+    """read_list (the driver's --list): names alone run at every size, "NAME 2" or
+    "NAME 2,3" only at those, comments and blanks skipped, a bad size named."""
+    f = tmp_path / "l.txt"
+    f.write_text("# c\ntest_a\n\ntest_b 2   # two only\ntest_c 2,3\ntest_d 3 4\n")
+    assert read_list(f, 2) == ["test_a", "test_b", "test_c"]
+    assert read_list(f, 3) == ["test_a", "test_c", "test_d"]
+    assert read_list(f, 4) == ["test_a", "test_d"]
+    f.write_text("test_a two\n")
+    with pytest.raises(ValueError, match="l.txt:1: world sizes must be positive integers"):
+        read_list(f, 2)
+    # The CI list has both forms, and the driver accepts it as it stands.
+    assert read_list(HERE / "torch_dist_suite_ci.txt", 2) != read_list(HERE / "torch_dist_suite_ci.txt", 3)

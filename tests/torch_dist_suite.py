@@ -22,10 +22,13 @@ does the same, in one of three modes (``--mode``):
     torch's real gloo, for the side-by-side counts.
 
     python tests/torch_dist_suite.py --mode gloo-standin --world-size 2 [-k PATTERN] [--list FILE]
-        [--junit FILE]
+        [--results FILE]
 
-The pass/fail/skip counts are printed at the end (``SUITE mode=... passed=...``)
-and, with ``--junit``, every test's outcome is written as JSON.
+``--list FILE`` runs the tests FILE names: one per line, ``#`` comments, and a
+name may be followed by the world sizes it runs at (``test_foo 2``; the format of
+tests/torch_dist_suite_ci.txt, read by tests/suite_list.py). The pass/fail/skip
+counts are printed at the end (``SUITE mode=... passed=...``) and, with
+``--results FILE``, every test's outcome is written there as JSON.
 """
 import argparse
 import json
@@ -41,7 +44,8 @@ def _parse():
     p.add_argument("--mode", choices=["ringcomm", "gloo-standin", "gloo"], default="gloo-standin")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("-k", action="append", default=[], help="run tests whose name contains this (repeatable)")
-    p.add_argument("--list", help="file with one test name per line to run (# comments)")
+    p.add_argument("--list", help="file with one test name per line to run (# comments; a name may be followed by "
+                                  "the world sizes it runs at, e.g. 'test_foo 2')")
     p.add_argument("--results", help="write {test: outcome} as JSON here")
     p.add_argument("--timeout", type=int, default=120, help="seconds per test (torch's watchdog)")
     return p.parse_args()
@@ -137,8 +141,12 @@ def _selected(args):
     names = sorted(n for n in dir(TestDistBackendWithSpawn) if n.startswith("test_"))
     wanted = None
     if args.list:
-        with open(args.list) as f:
-            wanted = {ln.split("#")[0].strip() for ln in f} - {""}
+        from suite_list import read_list  # tests/suite_list.py, beside this file
+
+        try:
+            wanted = set(read_list(args.list, args.world_size))
+        except ValueError as e:
+            raise SystemExit(str(e))
         unknown = wanted - set(names)
         if unknown:
             raise SystemExit(f"not tests of the suite: {sorted(unknown)}")
