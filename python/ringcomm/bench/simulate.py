@@ -137,6 +137,30 @@ PRESETS: Dict[str, Preset] = {p.name: p for p in [
         ),
         no_reference="multi-node (16+ ranks): no published NCCL all_reduce busbw for DGX H100 nodes on "
                      "NDR found that we trust; NVIDIA states only the per-NIC 46-48 GB/s used above"),
+    Preset(
+        "dgx-a100-ib200", 8,
+        {"intra": _link(2, 200, 0.2), "inter": _link(5, 24, 0.5), "gamma": 1 / 0.67e12, "nics": 8},
+        "DGX A100 nodes (as Selene's, where Narayanan et al. 2021 ran Megatron-LM): 8 A100 80 GB per node "
+        "over NVLink 3 / NVSwitch, nodes on 200 Gb/s HDR InfiniBand with one NIC per GPU (nics 8)",
+        (
+            "intra bandwidth 200 GB/s: NVLink 3 is 300 GB/s per direction per A100 (12 links, 600 GB/s "
+            "bidirectional, NVIDIA A100 datasheet); nccl-tests all_reduce on 8x A100-SXM4-80GB reports "
+            "busbw ~200 GB/s (github.com/NVIDIA/nccl-tests/issues/149, 2023-06-27) and 208 GB/s "
+            "(github.com/NVIDIA/nccl-tests/issues/178, 2023-11-17)",
+            "inter bandwidth 24 GB/s per NIC: HDR line rate 200 Gb/s = 25 GB/s; four HDR NICs for 8 "
+            "A100s reached 84.8-96 GB/s busbw (github.com/NVIDIA/nccl-tests/issues/119, 2022-11-17), "
+            "~24 GB/s per NIC",
+            "nics 8: 'each node has eight NVIDIA Mellanox 200Gbps HDR Infiniband HCAs' (Narayanan et al. "
+            "2021, sec. 5)",
+            "gamma 0.67 TB/s: A100 80 GB HBM2e 2.0 TB/s (datasheet) over the 3 bytes moved per byte reduced",
+            "alpha 2 us (NVLink) and 5 us (IB), overhead 0.2 / 0.5 us: our estimates, as for dgx-h100-ib400",
+        ),
+        references=(
+            Reference("all_reduce", 8, 1, 200.0, "nccl-tests, 8x A100-SXM4-80GB (one node)",
+                      "github.com/NVIDIA/nccl-tests/issues/149 (2023-06-27): busbw ~200 GB/s; the model's "
+                      "intra bandwidth is this same figure, so agreement at 8 ranks is by construction"),
+        ),
+        no_reference="multi-node: the per-NIC 24 GB/s above is the only published figure used"),
 ]}
 
 

@@ -13,6 +13,9 @@
 
     el = ElasticDataParallel(DataParallel(model, comm), opt, batch_of)  # survives lost DP ranks
     while el.step < steps: el.train_step(loss_fn)
+
+    layouts = plan(Transformer(96, 12288, 96, 2048, 51200),             # which layout? (planner.py)
+                   Cluster(8, 8, 80, 312, preset="dgx-a100-ib200"), global_batch=1536)
 """
 from ringcomm.parallel.clip import clip_grad_norm_
 from ringcomm.parallel.dp import DataParallel
@@ -20,6 +23,7 @@ from ringcomm.parallel.elastic import ElasticDataParallel
 from ringcomm.parallel.elastic_3d import Elastic3D, ReplicaDropped
 from ringcomm.parallel.elastic_zero import ElasticZeroDataParallel
 from ringcomm.parallel.mesh import ParallelGroups, drop_lost_replicas, layout_ranks, split_3d
+from ringcomm.parallel.planner import Cluster, Layout, Transformer, plan
 from ringcomm.parallel.pp import Pipeline, schedule_order
 from ringcomm.parallel.tp import (
     ColumnParallelLinear,
@@ -40,11 +44,13 @@ from ringcomm.parallel.tp import (
 from ringcomm.parallel.zero import ZeroDataParallel, paper_memory_bytes
 
 __all__ = [
+    "Cluster",
     "ColumnParallelLinear",
     "DataParallel",
     "Elastic3D",
     "ElasticDataParallel",
     "ElasticZeroDataParallel",
+    "Layout",
     "ParallelGroups",
     "Pipeline",
     "ReplicaDropped",
@@ -52,12 +58,14 @@ __all__ = [
     "TensorParallelAttention",
     "TensorParallelBlock",
     "TensorParallelMLP",
+    "Transformer",
     "clip_grad_norm_",
     "drop_lost_replicas",
     "copy_to_tp",
     "gather_from_sp",
     "gather_from_tp",
     "layout_ranks",
+    "plan",
     "reduce_from_tp",
     "reduce_scatter_to_sp",
     "scatter_to_tp",

@@ -1,0 +1,174 @@
+"""The 3D layout planner (ringcomm.parallel.planner, ringcomm-plan).
+
+Its formulas against the papers they come from (Narayanan et al. 2021's parameter
+and FLOP counts), against the modules they describe (parameter counts of ringcomm's
+own transformer and of a transformers GPT-2), against ZeroDataParallel's
+memory_bytes() on 2 ranks for ZeRO 1-3, and the search itself: constraints, order,
+the bubble, what does not fit and why, the DeepSpeed config and the calls it writes,
+the command line (good and bad arguments).
+"""
+import json
+import math
+
+import pytest
+import torch
+
+import harness
+from ringcomm.parallel import Cluster, Transformer, models, plan
+from ringcomm.parallel.plan_cli import main as plan_main
+
+GPT3 = Transformer(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200)
+
+
+def test_parameters_and_flops_are_the_papers():
+    for m in (GPT3, Transformer(24, 2304, 24, 2048, 51200), Transformer(128, 25600, 160, 2048, 51200)):
+        l, h, s, V = m.layers, m.hidden, m.seq_len, m.vocab
+        paper = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+        assert m.params() - 2 * h == pytest.approx(paper, rel=1e-12)  # (+ the final LayerNorm: the paper omits it)
+        B = 512
+        model, hw = m.flops(B, recompute=True)
+        assert hw == pytest.approx(96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)), rel=1e-12)
+        # Without the recompute: 3/4 of the layers' part, the logits' forward and backward as they are.
+        assert model == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h)) + 6 * B * s * h * V, rel=1e-12)
+        assert m.flops(B)[1] == model
+    assert GPT3.params() == pytest.approx(174.6e9, rel=1e-3)  # "175B"
+
+
+def test_shapes_read_from_modules():
+    dense = models.transformer(vocab=50, hidden=32, n_heads=4, n_layers=3, max_seq=16, ffn=48)
+    t = Transformer.from_module(dense)
+    assert (t.layers, t.hidden, t.heads, t.vocab, t.seq_len, t.f, t.tied) == (3, 32, 4, 50, 16, 48, False)
+    assert t.params() == sum(p.numel() for p in dense.parameters())
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    gpt2 = transformers.GPT2LMHeadModel(cfg)
+    t = Transformer.from_module(gpt2)
+    assert (t.layers, t.hidden, t.heads, t.vocab, t.seq_len, t.tied) == (2, 32, 4, 64, 16, True)
+    assert t.params() == sum(p.numel() for p in gpt2.parameters())
+
+
+def test_bad_shapes_and_clusters_are_refused():
+    with pytest.raises(ValueError, match="hidden 10 does not divide by heads 3"):
+        Transformer(2, 10, 3, 8, 8)
+    with pytest.raises(ValueError, match="layers must be a positive integer"):
+        Transformer(0, 8, 2, 8, 8)
+    with pytest.raises(ValueError, match="no preset 'nope'"):
+        Cluster(1, 8, 80, 312, preset="nope")
+    with pytest.raises(ValueError, match="gemm_efficiency"):
+        Cluster(1, 8, 80, 312, gemm_efficiency=1.5)
+    with pytest.raises(ValueError, match="unknown constraints"):
+        plan(GPT3, Cluster(8, 8, 80, 312), 1536, tensor=4)
+    with pytest.raises(ValueError, match="global_batch"):
+        plan(GPT3, Cluster(8, 8, 80, 312), 0)
+
+
+def test_the_search_its_order_and_its_constraints():
+    dgx = Cluster(nodes=8, devices_per_node=8, device_memory_gb=80, peak_tflops=312, preset="dgx-a100-ib200",
+                  gemm_efficiency=0.7, memory_gbps=2039, memory_passes=2)
+    layouts = plan(GPT3, dgx, 1536)
+    fit = [lay for lay in layouts if lay.fits]
+    assert fit and len(fit) < len(layouts)
+    assert layouts[:len(fit)] == fit  # the ones that fit first
+    steps = [lay.step_seconds for lay in fit]
+    assert steps == sorted(steps)
+    for lay in layouts:
+        assert lay.tp * lay.pp * lay.dp == 64 and lay.micro_batch * lay.microbatches * lay.dp == 1536
+        assert lay.memory_bytes["total"] == pytest.approx(sum(v for k, v in lay.memory_bytes.items() if k != "total"))
+        assert lay.fits == (lay.memory_bytes["total"] <= 80e9 * 0.9)
+        if not lay.fits:
+            assert "GB per device >" in lay.reason
+        assert lay.tflops_per_device <= lay.hardware_tflops_per_device <= 312 * 0.7 + 1e-9
+    # The classic layout, fixed: only it, and it fits with ZeRO-1 and recompute.
+    classic = plan(GPT3, dgx, 1536, tp=4, pp=8, zero_stage=1, recompute=True)
+    assert {(lay.tp, lay.pp, lay.dp, lay.zero_stage, lay.recompute) for lay in classic} == {(4, 8, 2, 1, True)}
+    assert any(lay.fits for lay in classic)
+    # Without recompute and without ZeRO it does not fit in 80 GB (activations and states).
+    plain = plan(GPT3, dgx, 1536, tp=4, pp=8, zero_stage=0, recompute=False)
+    assert not any(lay.fits for lay in plain)
+    # A list of values is a choice among them.
+    some = plan(GPT3, dgx, 1536, tp=[4, 8], pp=8)
+    assert {lay.tp for lay in some} == {4, 8}
+
+
+def test_the_bubble_is_p_minus_1_micro_batch_times():
+    # Free links (no communication time): the step is (m + p - 1) micro-batch times.
+    link = {"alpha": 1e-9, "beta": 1e-15, "overhead": 0}
+    free = {"intra": link, "inter": link, "gamma": 1e-15}
+    small = Transformer(8, 1024, 8, 512, 1000)
+    c = Cluster(1, 4, 1000, 100, params=free)
+    for m in (1, 4, 16):
+        lay = plan(small, c, m, tp=1, pp=4, micro_batch=1, zero_stage=0, recompute=False)[0]
+        assert lay.microbatches == m
+        assert lay.bubble_fraction == pytest.approx(3 / (m + 3), rel=1e-4)
+        assert lay.comm_seconds["pp"] < 1e-4 * lay.step_seconds
+
+
+def test_deepspeed_config_and_ringcomm_calls():
+    dgx = Cluster(8, 8, 80, 312, preset="dgx-a100-ib200")
+    lay = plan(GPT3, dgx, 1536, tp=4, pp=8, zero_stage=1, recompute=True, micro_batch=2)[0]
+    cfg = lay.deepspeed_config()
+    assert cfg["train_batch_size"] == 1536
+    assert cfg["train_micro_batch_size_per_gpu"] == 2
+    assert cfg["gradient_accumulation_steps"] == 1536 // (2 * 2)
+    assert cfg["zero_optimization"]["stage"] == 1
+    assert cfg["pipeline"] == {"pipe_parallel_size": 8, "model_parallel_size": 4}
+    assert "_ringcomm_note" not in cfg
+    z3 = plan(GPT3, dgx, 1536, tp=4, pp=8, zero_stage=3)[0].deepspeed_config()
+    assert "refuses ZeRO stages 2 and 3" in z3["_ringcomm_note"]
+    calls = lay.ringcomm_calls()
+    assert "split_3d(comm, tp=4, pp=8)" in calls and "ZeroDataParallel(stage, g.dp, stage=1" in calls
+    assert "n_microbatches=384" in calls
+    compile(calls.replace("my_stage_of_the_model", "None"), "calls", "exec")  # valid Python
+
+
+def test_command_line(tmp_path, capsys):
+    out_json, out_ds = tmp_path / "all.json", tmp_path / "ds.json"
+    args = ["--layers", "96", "--hidden", "12288", "--heads", "96", "--seq", "2048", "--vocab", "51200",
+            "--nodes", "8", "--devices-per-node", "8", "--memory-gb", "80", "--peak-tflops", "312",
+            "--preset", "dgx-a100-ib200", "--global-batch", "1536", "--top", "3"]
+    assert plan_main(args + ["--json", str(out_json), "--deepspeed", str(out_ds)]) == 0
+    text = capsys.readouterr().out
+    assert "layouts fit" in text and "split_3d" in text
+    every = json.loads(out_json.read_text())
+    assert every and every[0]["fits"] and "memory_bytes" in every[0]
+    assert json.loads(out_ds.read_text())["train_batch_size"] == 1536
+    assert plan_main(args + ["--tp", "4", "--pp", "8", "--zero", "0", "--recompute", "0"]) == 1  # nothing fits
+    assert plan_main(args[:-4] + ["--global-batch", "0"]) == 2
+    assert "global_batch must be a positive integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plan_main(args + ["--recompute", "maybe"])
+
+
+# -- memory against ZeroDataParallel on 2 ranks ------------------------------------------
+
+def _zero_memory(comm):
+    from ringcomm.parallel import ZeroDataParallel
+
+    out = {}
+    for stage in (1, 2, 3):
+        torch.manual_seed(0)
+        dense = models.transformer(vocab=256, hidden=64, n_heads=4, n_layers=4, max_seq=32)
+        z = ZeroDataParallel(dense, comm, stage=stage, mixed_precision="bf16", lr=1e-3)
+        tokens = torch.randint(0, 256, (2, 32))
+        loss = models.lm_loss(z(tokens), tokens)
+        loss.backward()
+        z.step()
+        z.zero_grad()
+        out[stage] = z.memory_bytes()
+    return out
+
+
+def test_memory_states_match_zero_data_parallel():
+    res = harness.run_ranks(_zero_memory, 2, comm_timeout=60.0, hard_timeout=240)
+    dense = models.transformer(vocab=256, hidden=64, n_heads=4, n_layers=4, max_seq=32)
+    model = Transformer.from_module(dense)
+    cluster = Cluster(1, 2, 1000, 1)
+    fails = []
+    for stage in (1, 2, 3):
+        lay = plan(model, cluster, 2, tp=1, pp=1, zero_stage=stage, recompute=False, micro_batch=1)[0]
+        for key in ("params", "grads", "optimizer_state"):
+            got = res[0][stage][key]
+            want = lay.memory_bytes[key]
+            if not math.isclose(got, want, rel_tol=0.10):
+                fails.append(f"ZeRO {stage} {key}: ZeroDataParallel {got} B, planner {want:.0f} B")
+    assert not fails, "\n".join(fails)
