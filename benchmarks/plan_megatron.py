@@ -66,14 +66,14 @@ def main():
         model = Transformer(layers=layers, hidden=hidden, heads=heads, seq_len=SEQ, vocab=VOCAB)
         cluster = a100(gpus, args.gemm_efficiency, args.memory_passes)
         given = [lay for lay in plan(model, cluster, batch, tp=tp, pp=pp, zero_stage=0, recompute=True,
-                                           dp_overlap=bool(args.dp_overlap)) if lay.fits]
+                                           dp_overlap=bool(args.dp_overlap), runtime="megatron") if lay.fits]
         if not given:
             lines.append(f"{name:>7}: the published layout does not fit by the planner's memory model")
             continue
         g = given[0]
         err = g.hardware_tflops_per_device / published - 1
         worst = max(worst, abs(err))
-        pick = plan(model, cluster, batch, dp_overlap=bool(args.dp_overlap))[0]  # same assumptions
+        pick = plan(model, cluster, batch, dp_overlap=bool(args.dp_overlap), runtime="megatron")[0]  # same assumptions
         lines.append(
             f"{name:>7} {model.params() / 1e9:6.1f}B {gpus:5d} {batch:5d} | tp {tp} pp {pp:>2} b {g.micro_batch:>2}"
             f" {published:6.0f} {g.hardware_tflops_per_device:9.1f} {err:+6.1%} | tp {pick.tp} pp {pick.pp} dp "
@@ -84,18 +84,22 @@ def main():
     # The classic 175B case.
     gpt3 = Transformer(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=VOCAB)
     cluster = a100(64, args.gemm_efficiency, args.memory_passes)
-    layouts = plan(gpt3, cluster, 1536)
-    lines.append("# (ringcomm's DataParallel / ZeroDataParallel reduce under the backward: the 175B case below "
-                 "plans for ringcomm, dp_overlap on)")
+    layouts = plan(gpt3, cluster, 1536, runtime="deepspeed")
+    lines.append("# (the 175B case below plans for DeepSpeed -- the config compared is DeepSpeed's -- with the "
+                 "data-parallel reduction under the backward, dp_overlap on; ringcomm's own runtime last)")
     lines.append(f"# GPT-3 175B ({gpt3.params() / 1e9:.1f}B parameters), 64 A100 80 GB, batch 1536: "
                  f"{sum(lay.fits for lay in layouts)} of {len(layouts)} layouts fit")
     lines.append("pick:     " + layouts[0].describe())
-    classic = [lay for lay in plan(gpt3, cluster, 1536, tp=4, pp=8) if lay.fits]
+    classic = [lay for lay in plan(gpt3, cluster, 1536, tp=4, pp=8, runtime="deepspeed") if lay.fits]
     if classic:
         lines.append("PP8xTP4xDP2 (best micro-batch / ZeRO / recompute): " + classic[0].describe())
     for zero in (0, 1):
-        c = [lay for lay in plan(gpt3, cluster, 1536, tp=4, pp=8, zero_stage=zero)]
+        c = [lay for lay in plan(gpt3, cluster, 1536, tp=4, pp=8, zero_stage=zero, runtime="deepspeed")]
         lines.append(f"PP8xTP4xDP2 ZeRO {zero}: " + c[0].describe())
+    own = plan(gpt3, cluster, 1536)
+    lines.append("ringcomm's runtime (Pipeline over stage_bounds, ZeRO 2/3 accumulating under no_sync, "
+                 f"embedding and head whole on every TP rank), {sum(lay.fits for lay in own)} fit; pick: "
+                 + own[0].describe())
     text = "\n".join(lines)
     print(text)
     if args.out:

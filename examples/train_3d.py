@@ -55,8 +55,21 @@ def train(comm, tp=1, pp=1, dp=None, check=False, log=None, zero=0, mixed_precis
     and the dense model's, sharded the same way. clip=C clips the gradients to global norm
     C (over the whole 3D model, ringcomm.parallel.clip) before each step, and the dense
     model's with torch.nn.utils.clip_grad_norm_; report["norms"] / report["ref_norms"]
-    are then the global norms of each step before clipping."""
+    are then the global norms of each step before clipping.
+
+    With report={"measure": True} every step starts at a barrier of comm, and report gets
+    "step_s" (each step's time, the slowest rank's), "peak_bytes" (this rank's largest
+    C-heap bytes in use during step 1 above what it held before building the model:
+    ringcomm.bench.heap) and "wait_s" (the pipeline's time waiting on its neighbours in
+    each step: the bubble and the transfers)."""
     cfg = {**DEFAULTS, **overrides}
+    measure = report is not None and report.get("measure", False)
+    if measure:
+        import gc
+
+        from ringcomm.bench.heap import HeapPeak, heap_in_use
+        gc.collect()  # what an earlier run left in reference cycles goes now, not during the steps
+        baseline = heap_in_use()
     g = split_3d(comm, tp=tp, pp=pp, dp=dp)
     if cfg["batch"] % (g.dp_size * cfg["microbatches"]):
         raise ValueError("batch must divide by dp * microbatches")
@@ -75,13 +88,22 @@ def train(comm, tp=1, pp=1, dp=None, check=False, log=None, zero=0, mixed_precis
         model.attach_optimizer(opt)
     pipe = Pipeline(model, g.pp, cfg["schedule"], cfg["microbatches"], loss_fn=models.lm_loss)
     ref_opt = torch.optim.AdamW(dense.parameters(), lr=cfg["lr"], weight_decay=0.0) if check else None
+    if not check:
+        del dense  # the stage is a copy: keep only what this rank trains
+    probe = HeapPeak(stage, baseline) if measure else None
+    step_s, wait_s = [], []
 
     per_rank = cfg["batch"] // g.dp_size
     rows = slice(g.dp_rank * per_rank, (g.dp_rank + 1) * per_rank)
     losses, ref_losses, norms, ref_norms = [], [], [], []
     for step in range(cfg["steps"]):
-        t0 = time.perf_counter()
         tokens, targets = global_batch(step, cfg)
+        if measure:
+            comm.barrier()
+            if step == 1:
+                gc.collect()
+                probe.arm()
+        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         mb = pipe.step(tokens[rows], targets[rows])
         if cfg["clip"] is not None:
@@ -97,6 +119,10 @@ def train(comm, tp=1, pp=1, dp=None, check=False, log=None, zero=0, mixed_precis
             loss[0] = torch.stack(mb).mean()
             g.dp.all_reduce(loss, op="avg")
         g.pp.broadcast(loss, src=g.pp_size - 1)
+        if measure:
+            step_s.append(time.perf_counter() - t0)
+            wait_s.append(pipe.stats["wait_s"])
+            probe.disarm()
         losses.append(float(loss))
         if check:
             ref_opt.zero_grad(set_to_none=True)
@@ -112,6 +138,11 @@ def train(comm, tp=1, pp=1, dp=None, check=False, log=None, zero=0, mixed_precis
                 f"({(time.perf_counter() - t0) * 1e3:.1f} ms)")
     if report is not None:
         report["norms"], report["ref_norms"] = norms, ref_norms
+    if measure:
+        probe.remove()
+        slowest = torch.tensor(step_s, dtype=torch.float64)
+        comm.all_reduce(slowest, op="max")
+        report["step_s"], report["wait_s"], report["peak_bytes"] = slowest.tolist(), wait_s, probe.peak
     if check and report is not None:
         want = copy.deepcopy(dense[start:end])
         if g.tp_size > 1:

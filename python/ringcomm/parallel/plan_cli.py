@@ -53,6 +53,10 @@ def parser():
     c.add_argument("--memory-passes", type=float, default=0.0,
                    help="passes over a layer's activations per forward (memory-bound work)")
     c.add_argument("--usable-fraction", type=float, default=0.9, help="of the device memory a layout may use")
+    c.add_argument("--cores", type=int, default=None,
+                   help="processors a node's devices share (CPU ranks; default: each device its own)")
+    c.add_argument("--optimizer-ns-per-param", type=float, default=None,
+                   help="the optimizer step's nanoseconds per parameter (default: Adam's 28 bytes at --memory-gbps)")
     links = c.add_mutually_exclusive_group()
     links.add_argument("--preset", help="links of a ringcomm-bench --simulate preset (e.g. dgx-a100-ib200)")
     links.add_argument("--params", help="links from a ringcomm-bench --calibrate file")
@@ -65,6 +69,11 @@ def parser():
     k.add_argument("--micro-batch", type=_ints)
     k.add_argument("--interleave", type=_ints)
     k.add_argument("--recompute", type=_bools)
+    t = ap.add_argument_group("training")
+    t.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    t.add_argument("--activations", choices=("megatron", "fused"), default="megatron",
+                   help="megatron: Korthikanti et al.'s bytes; fused: fused attention, no dropout")
+    t.add_argument("--runtime", choices=("ringcomm", "megatron", "deepspeed"), default="ringcomm")
     ap.add_argument("--max-micro-batch", type=int, default=16)
     ap.add_argument("--max-interleave", type=int, default=1)
     ap.add_argument("--no-dp-overlap", action="store_true", help="DP reductions after the backward, not under it")
@@ -83,11 +92,14 @@ def main(argv=None):
                           device_memory_gb=args.memory_gb, peak_tflops=args.peak_tflops, preset=args.preset,
                           params=args.params, gemm_efficiency=args.gemm_efficiency,
                           usable_fraction=args.usable_fraction, memory_gbps=args.memory_gbps,
-                          memory_passes=args.memory_passes)
+                          memory_passes=args.memory_passes, cores=args.cores,
+                          optimizer_seconds_per_param=(None if args.optimizer_ns_per_param is None
+                                                       else args.optimizer_ns_per_param * 1e-9))
         constraints = {k: getattr(args, k) for k in ("tp", "pp", "dp", "zero_stage", "micro_batch", "interleave",
                                                       "recompute") if getattr(args, k) is not None}
         layouts = plan(model, cluster, args.global_batch, max_micro_batch=args.max_micro_batch,
-                       max_interleave=args.max_interleave, dp_overlap=not args.no_dp_overlap, **constraints)
+                       max_interleave=args.max_interleave, dp_overlap=not args.no_dp_overlap,
+                       precision=args.precision, activations=args.activations, runtime=args.runtime, **constraints)
     except (ValueError, TypeError, OSError) as e:
         print(f"ringcomm-plan: {e}", file=sys.stderr)
         return 2

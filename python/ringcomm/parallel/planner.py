@@ -23,7 +23,14 @@ The formulas and where they come from (every Layout carries them in `sources`):
   (`hardware_tflops_per_device`, what Narayanan et al. report).
 - compute time: FLOPs / (peak x gemm_efficiency), per stage and micro-batch, plus the
   memory-bound work: memory_passes x a layer's activation bytes (Korthikanti et al.)
-  at memory_gbps; the last stage also computes the logits.
+  at memory_gbps; the last stage also computes the logits. Per micro-batch and stage a
+  fixed cost besides (Cluster.layer_overhead_seconds a layer, microbatch_overhead_seconds
+  a stage: launches and dispatch that do not grow with the batch; 0 unless measured).
+- optimizer: the step over the parameters the device updates (its shard under ZeRO),
+  optimizer_seconds_per_param, or Adam's 28 bytes per parameter at memory_gbps.
+- devices that share processors (Cluster.cores: CPU ranks): the step is at least the
+  node's work -- every device's compute, communication and optimizer step -- over the
+  cores, and each collective or message waits sync_seconds more (a peer off the core).
 - pipeline (1F1B, Narayanan et al. 2021 sec. 2.2): a step is (m + (p-1)/v) micro-batch
   times of the slowest stage, the bubble (p-1)/v of them (m micro-batches, v
   interleaved chunks per stage); interleaving multiplies the stage-to-stage traffic by v.
@@ -32,34 +39,76 @@ The formulas and where they come from (every Layout carries them in `sources`):
 - PP: per micro-batch and stage boundary one activation forward and one gradient back,
   b s h / t per TP rank (the scatter / gather of Narayanan et al. 2021 sec. 4.1).
 - DP: the gradients' all_reduce (ZeRO 0), reduce_scatter + all_gather of the
-  parameters (ZeRO 1), a reduce_scatter per micro-batch (ZeRO 2) and two all_gathers of
-  the parameters per micro-batch (ZeRO 3) (Rajbhandari et al. 2020, sec. 7); the
-  gradient reductions overlap the backward they follow (the last micro-batch's for
-  ZeRO 0/1, each micro-batch's for 2/3), ZeRO 3's gathers the forward / backward they
-  prefetch for; what does not fit under that compute is exposed.
+  parameters (ZeRO 1 and 2), two all_gathers of the parameters per micro-batch and a
+  reduce_scatter (ZeRO 3, a collective per module with parameters) (Rajbhandari et al.
+  2020, sec. 7). runtime="ringcomm": one reduction per step (the Pipeline runs the other
+  backwards under no_sync); runtime="deepspeed": ZeRO 2/3 reduce after every
+  micro-batch. The reductions overlap the backward they follow, ZeRO 3's gathers the
+  forward / backward they prefetch for, where the cluster overlaps (Cluster.overlap);
+  what does not fit under that compute is exposed.
 - collective times: ringcomm's cost model (csrc/comm/cost_model.h) over the real
   placement of each group's ranks on the nodes (tp fastest, then dp, then pp:
   parallel/mesh.py layout_ranks), with the cluster's link parameters (a --simulate
   preset, a --calibrate file or a communicator's own).
 - memory (mixed-precision Adam, Rajbhandari et al. 2020 sec. 3.1): parameters 2 bytes,
   gradients 2, optimizer state 12 (fp32 master, momentum, variance) per parameter of
-  the device, divided by dp where the ZeRO stage shards them (1: the optimizer state;
-  2: + gradients; 3: + parameters); activations per layer and micro-batch s b h (10 +
-  24/t + 5 a s/(h t)) bytes, 2 s b h with full recompute plus one layer's full set
-  during its recompute (Korthikanti et al. 2022, Table 2 without sequence parallelism);
-  the first stage holds min(m, p) micro-batches in flight under 1F1B, times (1 +
-  (p-1)/(p v)) interleaved (ibid., sec. 4.2.3); the last stage's logits 6 b s V / t
-  (fp16 and the fp32 softmax); buffers: the stage-to-stage send and receive, ZeRO 2/3's
-  two gradient buckets, ZeRO 3's gathered layer and the prefetched one. A layout fits
-  when the total is at most `usable_fraction` of the device's memory (the rest: the
-  runtime's context and fragmentation).
+  the device (precision="fp32": 4, 4 and 8), divided by dp where the ZeRO stage shards
+  them (1: the optimizer state; 2: + gradients; 3: + parameters); activations per layer
+  and micro-batch s b h (10 + 24/t + 5 a s/(h t)) bytes, 2 s b h with full recompute
+  plus one layer's full set during its recompute (Korthikanti et al. 2022, Table 2
+  without sequence parallelism; activations="fused": s b h (4 + (4 + 2f/h)/t) elements,
+  what autograd keeps for ringcomm.parallel.models.Block); the first stage holds min(m,
+  p) micro-batches in flight under 1F1B, times (1 + (p-1)/(p v)) interleaved (ibid., sec.
+  4.2.3), and beside them the gradients a step holds only while it runs (ZeRO 2's
+  buckets; ZeRO 2/3's gradients accumulated in full under no_sync); the last stage's
+  logits 6 b s V / t (fp16 and the fp32 softmax; 8 b s V / t in fp32: the softmax and
+  its gradient); ZeRO 2/3's gradient shard is made by the step's reduction, after the
+  activations' peak (zero_grad(set_to_none=True) frees it between steps); buffers: the stage-to-stage send and receive, the buckets' reduce
+  outputs, ZeRO 3's gathered units, and the scratch ringcomm keeps for the algorithm
+  the cost model picks (call_plan.cpp). A layout fits when the total is at most
+  `usable_fraction` of the device's memory (the rest: the runtime's context and
+  fragmentation).
 """
 import dataclasses
 import json
 import math
 from typing import Dict, Optional
 
-_BYTES_ACT = 2  # fp16 / bf16 activations and gradients on the wire
+# Bytes per element of what a precision keeps: activations (and what crosses the wire:
+# activations, their gradients, the parameters' gradients), parameters, gradients, and the
+# optimizer's state per parameter (Adam: mixed precision keeps an fp32 master, momentum
+# and variance, K = 12; fp32 training steps the parameters themselves, K = 8).
+PRECISIONS = {"bf16": {"act": 2, "params": 2, "grads": 2, "K": 12},
+              "fp32": {"act": 4, "params": 4, "grads": 4, "K": 8}}
+_ADAM_BYTES = 28  # an Adam step reads param, grad, momentum, variance and writes three of them
+ACTIVATIONS = ("megatron", "fused")
+# The C heap a ringcomm communicator holds besides its transport's mapped segments
+# (measured: 0.33-0.46 MB at 1 to 4 ranks; tests/test_planner.py counts it in a run).
+_COMM_HEAP = 0.4e6
+RUNTIMES = ("ringcomm", "megatron", "deepspeed")
+
+
+def _torch_dtype(precision):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+
+
+def _layer_activation_bytes(model, b, t, precision, activations):
+    """Bytes one layer keeps for its backward, per micro-batch of b sequences on a device
+    of a TP group of t. "megatron": Korthikanti et al. 2022, Table 2 without sequence
+    parallelism, s b h (10 + 24/t + 5 a s/(h t)) for 16-bit activations with dropout
+    masks and the attention scores kept (scaled by the element size for fp32);
+    "fused": a fused attention that keeps no scores and no dropout (torch's
+    scaled_dot_product_attention, ringcomm.parallel.models.Block): the layer's input,
+    two LayerNorm outputs and the residual, replicated over the TP group, and q k v,
+    the attention output, fc1 and GELU outputs, split over it -- s b h (4 + (4 + 2 f/h)/t)
+    elements (checked against the tensors autograd saves, tests/test_planner.py)."""
+    h, s, a = model.hidden, model.seq_len, model.heads
+    e = PRECISIONS[precision]["act"]
+    if activations == "megatron":
+        return s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * e / 2
+    return s * b * h * (4 + (4 + 2 * model.f / h) / t) * e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +222,27 @@ class Cluster:
     # at `memory_gbps` (0: not modelled).
     memory_gbps: float = 0.0
     memory_passes: float = 0.0
+    # The optimizer's step: seconds per parameter of the shard a device updates (None:
+    # 28 bytes of Adam's traffic per parameter at memory_gbps, 0 without memory_gbps).
+    optimizer_seconds_per_param: Optional[float] = None
+    # Whether communication can run under compute (a GPU's copy engines and NICs do);
+    # False where the same cores copy and compute (CPU ranks at least as many as cores).
+    overlap: bool = True
+    # What a layer's forward and backward cost per micro-batch beyond its FLOPs and bytes
+    # (kernel launches, the interpreter): seconds.
+    layer_overhead_seconds: float = 0.0
+    # Processors the devices of a node share (CPU ranks); None: each device computes on
+    # its own. With cores, a step takes at least the node's work (every device's compute,
+    # copies and optimizer) divided by the cores.
+    cores: Optional[int] = None
+    # A micro-batch's forward and backward on a stage beyond its layers' and logits' work
+    # (embedding, loss, starting the backward): seconds.
+    microbatch_overhead_seconds: float = 0.0
+    # What each collective or message adds on top of the cost model's figure (ranks
+    # sharing cores wait for a peer to be scheduled): seconds, for two ranks, and for all
+    # the node's devices (sync_seconds_world; a group in between: interpolated by size).
+    sync_seconds: float = 0.0
+    sync_seconds_world: Optional[float] = None
 
     def __post_init__(self):
         for name in ("nodes", "devices_per_node"):
@@ -186,6 +256,15 @@ class Cluster:
             raise ValueError("Cluster: gemm_efficiency and usable_fraction must be in (0, 1]")
         if self.memory_gbps < 0 or self.memory_passes < 0:
             raise ValueError("Cluster: memory_gbps and memory_passes must be >= 0")
+        if self.optimizer_seconds_per_param is not None and not self.optimizer_seconds_per_param >= 0:
+            raise ValueError("Cluster: optimizer_seconds_per_param must be >= 0")
+        for name in ("layer_overhead_seconds", "microbatch_overhead_seconds", "sync_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"Cluster: {name} must be >= 0, got {getattr(self, name)!r}")
+        if self.sync_seconds_world is not None and not self.sync_seconds_world >= 0:
+            raise ValueError(f"Cluster: sync_seconds_world must be >= 0, got {self.sync_seconds_world!r}")
+        if self.cores is not None and (not isinstance(self.cores, int) or self.cores < 1):
+            raise ValueError(f"Cluster: cores must be a positive integer or None, got {self.cores!r}")
         if self.preset is not None and self.params is not None:
             raise ValueError("Cluster: give preset or params, not both")
         self._link_params = self._resolve_params()
@@ -217,29 +296,167 @@ class Cluster:
     def link_params(self):
         return self._link_params
 
+    def optimizer_seconds(self, params):
+        """Seconds of the optimizer's step over `params` parameters."""
+        if self.optimizer_seconds_per_param is not None:
+            return params * self.optimizer_seconds_per_param
+        return params * _ADAM_BYTES / (self.memory_gbps * 1e9) if self.memory_gbps else 0.0
+
+    def as_dict(self):
+        """The fields (links as a dict): Cluster(**c.as_dict()) is c again."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if d["preset"] is None:
+            d["params"] = dict(self.link_params)
+        return d
+
     @classmethod
-    def measured_here(cls, comm, model, micro_batch=1, tp=1, memory_gb=None, repeats=5):
-        """This machine as one node of comm.world_size CPU ranks: the compute rate a GEMM
-        of the model's shapes reaches here (gemm_efficiency 1: the rate is the achieved
-        one), the links of comm's own cost model, the memory available."""
+    def measured_here(cls, comm, model, micro_batch=None, precision="bf16", memory_gb=None, seconds=0.3):
+        """This machine as one node of comm.world_size CPU ranks (a call of every rank):
+
+        - peak_tflops: the rate of the model's GEMMs (a layer's four weight shapes at
+          `micro_batch` sequences, default 4), gemm_efficiency 1 (the rate is the
+          achieved one);
+        - memory_gbps: a copy of 64 MiB per rank (read + write bytes per second);
+        - one real layer (ringcomm.parallel.models.Block, forward and backward) at 1 and
+          16 sequences, t(b) = c0 + c1 b: layer_overhead_seconds is c0 (the
+          per-op cost that does not grow with the batch: the interpreter and dispatch),
+          memory_passes what c1 takes beyond the GEMMs at that rate, in passes over the
+          layer's activation bytes at memory_gbps (LayerNorms, softmax, GELU, residuals);
+        - optimizer_seconds_per_param: a step of torch's AdamW;
+        - the links: comm's own cost model; overlap: off when there are at least as many
+          ranks as cores (the copies run on the cores that compute);
+        - device_memory_gb: the machine's memory divided by the ranks (or memory_gb).
+
+        Each figure is rank 0's median over repeats of about `seconds`, the other ranks
+        waiting: the rate of a rank with a core to itself. cores: the processors this
+        process may run on, which every rank shares (the step's second bound)."""
         import os
         import time
 
         import torch
 
-        h, f = model.hidden, model.f
-        x = torch.randn(micro_batch * model.seq_len, h)
-        w = torch.randn(h, max(1, f // tp))
-        best = math.inf
-        for _ in range(repeats):
+        from ringcomm.parallel.models import Block
+
+        dtype = _torch_dtype(precision)
+        h, f, s = model.hidden, model.f, model.seq_len
+        b = micro_batch or 4
+
+        def timed(fn):
+            # Rank 0 alone (the others wait): the rate of one rank with a core to itself;
+            # sharing the cores is the step's other bound (Cluster.cores).
+            out = torch.zeros(1, dtype=torch.float64)
+            comm.barrier()
+            if comm.rank == 0:
+                fn()
+                n, t0 = 0, time.perf_counter()
+                times = []
+                while time.perf_counter() - t0 < seconds or n < 3:
+                    t1 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t1)
+                    n += 1
+                out[0] = sorted(times)[len(times) // 2]
+            comm.broadcast(out, src=0)
+            return float(out[0])
+
+        tokens = b * s
+        x = torch.randn(tokens, h, dtype=dtype)
+        shapes = [(h, 3 * h), (h, h), (h, f), (f, h)]
+        ws = [torch.randn(k, n, dtype=dtype) for k, n in shapes]
+        xs = {k: torch.randn(tokens, k, dtype=dtype) for k in (h, f)}
+        gemm_flops = sum(2 * tokens * k * n for k, n in shapes)
+        t_gemm = timed(lambda: [xs[k] @ w for (k, _), w in zip(shapes, ws)])
+        tflops = gemm_flops / t_gemm / 1e12
+
+        src = torch.empty(16 << 20, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        src.fill_(1.0)
+        t_copy = timed(lambda: dst.copy_(src))
+        gbps = 2 * src.numel() * 4 / t_copy / 1e9
+
+        # One real layer at 1 and 16 sequences, t(b) = c0 + c1 b through both: c1 beyond
+        # the GEMMs is memory-bound work (passes over the activation bytes), c0 the
+        # per-op cost that does not grow with the batch (the interpreter and dispatch
+        # here; kernel launches on a GPU). (Through both ends, the line is within 8% of
+        # the layer at 4 and 8 here; a least-squares line missed b = 1 by 30%.)
+        from ringcomm.parallel import models as _models
+
+        block = Block(h, model.heads, f).to(dtype)
+        sizes = (1, 16)
+        per_b = []
+        for bb in sizes:
+            inp = torch.randn(bb, s, h, dtype=dtype, requires_grad=True)
+            per_b.append(timed(lambda: block(inp).sum().backward()))
+        c1 = max(0.0, (per_b[1] - per_b[0]) / (sizes[1] - sizes[0]))
+        c0 = max(0.0, per_b[0] - c1)
+        flops_fb = 3 * model.layer_forward_flops_per_token() * s  # one sequence
+        act = _layer_activation_bytes(model, 1, 1, precision, "fused")
+        passes = max(0.0, (c1 - flops_fb / (tflops * 1e12)) / 3 / (act / (gbps * 1e9)))
+        # A micro-batch's cost beyond its layers and logits GEMMs: embedding, final
+        # LayerNorm, loss, the backward's start -- a two-layer model of these shapes
+        # at 1 and 16 sequences, less its layers.
+        two = _models.transformer(model.vocab, h, model.heads, 2, s, f).to(dtype)
+        rest = []
+        for bb, t_layer in zip(sizes, per_b):
+            tok = torch.randint(0, model.vocab, (bb, s))
+            t_two = timed(lambda: _models.lm_loss(two(tok).float(), tok).backward())
+            logits = 3 * model.logits_forward_flops_per_token() * bb * s / (tflops * 1e12)
+            rest.append(t_two - 2 * t_layer - logits)
+        mb_overhead = max(0.0, sum(rest) / len(rest))
+
+        # What a collective costs when the ranks share cores and compute between calls (a
+        # peer may be off the core: its wake-up, not the wire, is the latency; the more
+        # peers a call waits for, the longer): every rank at once, 30 rounds of a few
+        # GEMMs, with and without an 8-byte all_reduce in groups of g ranks after each;
+        # five such pairs, alternating, the median of their differences per round. For g
+        # = 2 (pairs) and g = the world.
+        tiny = torch.zeros(2)
+        xb = torch.randn(4 * s, h, dtype=dtype)
+
+        def rounds(group, with_sync):
+            comm.barrier()
             t0 = time.perf_counter()
-            x @ w
-            best = min(best, time.perf_counter() - t0)
-        tflops = 2 * x.shape[0] * h * w.shape[1] / best / 1e12
+            for _ in range(30):
+                for _ in range(4):
+                    xb @ ws[2]
+                if with_sync:
+                    group.all_reduce(tiny)
+            out = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            comm.all_reduce(out, op="max")
+            return float(out[0])
+
+        sync = {}
+        for g in sorted({2, comm.world_size}):
+            if g > comm.world_size or comm.world_size % g:
+                continue
+            group = comm
+            if g < comm.world_size:
+                for first in range(0, comm.world_size, g):
+                    got = comm.split(list(range(first, first + g)))
+                    if got is not None:
+                        group = got
+            rounds(group, True)
+            diffs = sorted(rounds(group, True) - rounds(group, False) for _ in range(5))
+            sync[g] = max(0.0, diffs[2] / 30)
+            if group is not comm:
+                group.close()
+
+        n_opt = 1 << 20
+        p = torch.nn.Parameter(torch.randn(n_opt))
+        p.grad = torch.randn(n_opt)
+        opt = torch.optim.AdamW([p], lr=1e-4)
+        opt.step()
+        t_opt = timed(opt.step)
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if memory_gb is None:
             memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9 / comm.world_size
         return cls(nodes=1, devices_per_node=comm.world_size, device_memory_gb=memory_gb, peak_tflops=tflops,
-                   params=comm.cost_params(), gemm_efficiency=1.0)
+                   params=comm.cost_params(), gemm_efficiency=1.0, memory_gbps=gbps, memory_passes=passes,
+                   optimizer_seconds_per_param=t_opt / n_opt, layer_overhead_seconds=c0,
+                   microbatch_overhead_seconds=mb_overhead, sync_seconds=sync.get(2, 0.0),
+                   sync_seconds_world=sync.get(comm.world_size, 0.0),
+                   overlap=comm.world_size < cores, cores=cores)
 
 
 @dataclasses.dataclass
@@ -261,6 +478,7 @@ class Layout:
     bubble_seconds: float = 0.0
     bubble_fraction: float = 0.0
     compute_seconds: float = 0.0
+    optimizer_seconds: float = 0.0
     comm_seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
     hidden_seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
     global_batch: int = 0
@@ -276,7 +494,9 @@ class Layout:
                 f"{self.step_seconds:.3f} s/step, {self.tflops_per_device:.1f} model TFLOP/s per device"
                 + (f" ({self.hardware_tflops_per_device:.1f} hardware)" if self.recompute else "")
                 + f", bubble {self.bubble_fraction:.1%}; memory {m.get('total', 0) / gb:.2f} GB (params "
-                f"{m.get('params', 0) / gb:.2f}, grads {m.get('grads', 0) / gb:.2f}, optimizer "
+                f"{m.get('params', 0) / gb:.2f}, grads {m.get('grads', 0) / gb:.2f}"
+                + (f" + {m['step_gradients'] / gb:.2f} during the step" if m.get("step_gradients") else "")
+                + ", optimizer "
                 f"{m.get('optimizer_state', 0) / gb:.2f}, activations {m.get('activations', 0) / gb:.2f}, buffers "
                 f"{m.get('buffers', 0) / gb:.2f})" + (f"; comm: {comm}" if comm else "")
                 + ("" if self.fits else f"; does not fit: {self.reason}"))
@@ -357,8 +577,17 @@ class _Collectives:
         self._cm = cost_model
         self._params = cluster.link_params
         self._dpn = cluster.devices_per_node
+        self._sync2 = cluster.sync_seconds
+        self._syncw = cluster.sync_seconds if cluster.sync_seconds_world is None else cluster.sync_seconds_world
         self._models = {}
         self._cache = {}
+
+    def sync(self, n):
+        """The scheduling wait of a call among n ranks: sync_seconds for 2, the world's
+        for all of a node's devices, linear in between."""
+        if n <= 2 or self._dpn <= 2:
+            return self._sync2
+        return self._sync2 + (self._syncw - self._sync2) * min(1.0, (n - 2) / (self._dpn - 2))
 
     def _model(self, ranks):
         labels = tuple(r // self._dpn for r in ranks)
@@ -375,15 +604,48 @@ class _Collectives:
         key, model = self._model(ranks)
         ck = (op, key, int(nbytes))
         if ck not in self._cache:
-            self._cache[ck] = min(t for _, t in model.predict(op, int(nbytes)) if t == t)
+            self._cache[ck] = min(t for _, t in model.predict(op, int(nbytes)) if t == t) + self.sync(len(ranks))
         return self._cache[ck]
+
+    def scratch(self, op, ranks, nbytes):
+        """Bytes of scratch ringcomm keeps for the algorithm the cost model picks (a
+        communicator keeps its largest: csrc/comm/call_plan.cpp scratch_bytes)."""
+        if len(ranks) <= 1 or nbytes <= 0:
+            return 0.0
+        _, model = self._model(ranks)
+        # The first of the fastest, as the model orders them (the communicator's pick on a tie).
+        algo = min((x for x in model.predict(op, int(nbytes)) if x[1] == x[1]), key=lambda x: x[1],
+                   default=(None, 0))[0]
+        n = len(ranks)
+        if op == "all_reduce":
+            return {"oneshot": n * nbytes, "recursive_doubling": nbytes, "rabenseifner": nbytes}.get(algo, 0.0)
+        if op == "reduce_scatter" and algo == "hierarchical":
+            return n * nbytes
+        return 0.0
 
     def p2p(self, a, b, nbytes):
         """One message from rank a to rank b: alpha + bytes x beta of the link between them."""
         if nbytes <= 0:
             return 0.0
         link = self._params["intra" if a // self._dpn == b // self._dpn else "inter"]
-        return link["alpha"] + nbytes * link["beta"]
+        return link["alpha"] + nbytes * link["beta"] + self._sync2
+
+
+def _stages(layers, pp, runtime):
+    """(layers, holds the embedding, holds the head) of each of pp stages."""
+    if runtime == "ringcomm":
+        # As ringcomm.parallel.models.stage_bounds: L + 2 modules, the first `extra` stages
+        # one more, the embedding first and the head last.
+        base, extra = divmod(layers + 2, pp)
+        out, start = [], 0
+        for i in range(pp):
+            end = start + base + (1 if i < extra else 0)
+            n = sum(1 for j in range(start, end) if 1 <= j <= layers)
+            out.append((n, start == 0, end == layers + 2))
+            start = end
+        return out
+    per = math.ceil(layers / pp)
+    return [(per, i == 0, i == pp - 1) for i in range(pp)]
 
 
 def _divisors(n):
@@ -393,7 +655,8 @@ def _divisors(n):
 CONSTRAINTS = ("tp", "pp", "dp", "zero_stage", "micro_batch", "interleave", "recompute")
 
 
-def plan(model, cluster, global_batch, max_micro_batch=16, max_interleave=1, dp_overlap=True, **constraints):
+def plan(model, cluster, global_batch, max_micro_batch=16, max_interleave=1, dp_overlap=True, precision="bf16",
+         activations="megatron", runtime="ringcomm", **constraints):
     """Every layout of `model` on `cluster` for `global_batch` sequences per step, the
     ones that fit first, fastest first, then the rest with their reason. `constraints`
     fix any of tp, pp, dp, zero_stage, micro_batch, interleave, recompute (a value, or a
@@ -401,7 +664,21 @@ def plan(model, cluster, global_batch, max_micro_batch=16, max_interleave=1, dp_
     1F1B) is considered up to `max_interleave` (1 by default: ringcomm's and DeepSpeed's
     pipelines do not interleave). dp_overlap=False: the data-parallel reductions run
     after the backward instead of under it (Megatron-LM of 2021 did; ringcomm's
-    DataParallel and ZeroDataParallel overlap them)."""
+    DataParallel and ZeroDataParallel overlap them).
+
+    precision: "bf16" (mixed precision: 16-bit parameters, gradients and activations,
+    fp32 Adam state) or "fp32". activations: "megatron" (Korthikanti et al.'s bytes) or
+    "fused" (a fused attention without dropout, as ringcomm.parallel.models). runtime:
+    "ringcomm" (its Pipeline runs every backward but the last under no_sync, so ZeRO 2/3
+    hold the full gradients while micro-batches accumulate and reduce once per step) or
+    "deepspeed" (ZeRO 2/3 reduce-scatter after every micro-batch and keep only the
+    shard)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"plan: precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"plan: activations must be one of {ACTIVATIONS}, got {activations!r}")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"plan: runtime must be one of {RUNTIMES}, got {runtime!r}")
     if not isinstance(model, Transformer) or not isinstance(cluster, Cluster):
         raise TypeError("plan(model, cluster, ...): a Transformer and a Cluster")
     if not isinstance(global_batch, int) or global_batch < 1:
@@ -437,12 +714,13 @@ def plan(model, cluster, global_batch, max_micro_batch=16, max_interleave=1, dp_
                             continue  # nothing to shard over
                         for rc in allowed("recompute", [False, True]):
                             out.append(_predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, rc,
-                                                dp_overlap))
+                                                dp_overlap, precision, activations, runtime))
     out.sort(key=lambda lay: (not lay.fits, lay.step_seconds))
     return out
 
 
-def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, recompute, dp_overlap=True):
+def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, recompute, dp_overlap=True,
+             precision="bf16", activations="megatron", runtime="ringcomm"):
     from ringcomm.parallel.mesh import layout_ranks
 
     lay = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero, micro_batch=b, interleave=v, recompute=recompute,
@@ -451,58 +729,106 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
     rate = cluster.peak_tflops * 1e12 * cluster.gemm_efficiency
     tp_groups, pp_groups, dp_groups = layout_ranks(cluster.devices, tp, pp, dp)
     tp_g, pp_g, dp_g = tp_groups[0], pp_groups[0], dp_groups[0]
-    layers_per_stage = math.ceil(L / pp)
     tokens = b * s
+    # Each stage's (layers, embedding?, head?): ringcomm's Pipeline over
+    # models.stage_bounds cuts the L + 2 modules evenly; the uniform split of Megatron-LM
+    # and DeepSpeed gives every stage ceil(L / p) layers beside the embedding / logits.
+    stages = _stages(L, pp, runtime)
+    layers_per_stage = max(n for n, _, _ in stages)
 
-    # Compute per micro-batch of the slowest (last) stage: its layers and the logits.
-    f_layers = layers_per_stage * model.layer_forward_flops_per_token() * tokens / tp
-    f_logits = model.logits_forward_flops_per_token() * tokens / tp
-    per_layer_full = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))  # Korthikanti et al.'s bytes
-    t_mem = (layers_per_stage * per_layer_full * cluster.memory_passes / (cluster.memory_gbps * 1e9)
-             if cluster.memory_gbps else 0.0)
-    t_layers = f_layers / rate + t_mem
-    t_f = t_layers + f_logits / rate
-    t_b = 2 * t_f + (t_layers if recompute else 0.0)
+    prec = PRECISIONS[precision]
+    e = prec["act"]
+    per_layer_full = _layer_activation_bytes(model, b, tp, precision, activations)
+    f_layer = model.layer_forward_flops_per_token() * tokens / tp
+    t_layer = (f_layer / rate + cluster.layer_overhead_seconds / 3
+               + (per_layer_full * cluster.memory_passes / (cluster.memory_gbps * 1e9) if cluster.memory_gbps
+                  else 0.0))
+    # ringcomm's tensor_parallel leaves the embedding and head whole on every TP rank.
+    vocab_replicated = runtime == "ringcomm"
+    vtp = 1 if vocab_replicated else tp
+    t_logits = model.logits_forward_flops_per_token() * tokens / vtp / rate
     # TP: 2 all_reduces of b s h per layer forward, 2 backward, 2 more to recompute.
-    ar = coll.seconds("all_reduce", tp_g, tokens * h * _BYTES_ACT)
-    t_tp = layers_per_stage * ar * (6 if recompute else 4)
+    ar = coll.seconds("all_reduce", tp_g, tokens * h * e)
     # PP: an activation forward and a gradient back per micro-batch and boundary (x v).
     t_pp = 0.0
     if pp > 1:
-        hop = max(coll.p2p(pp_g[i], pp_g[i + 1], tokens * h * _BYTES_ACT / tp) for i in range(pp - 1))
-        t_pp = 2 * hop * v
-    t_mb = t_f + t_b + t_tp + t_pp
-    bubble = (pp - 1) / v * t_mb
-    t_pipe = m * t_mb + bubble
+        hop = max(coll.p2p(pp_g[i], pp_g[i + 1], tokens * h * e / tp) for i in range(pp - 1))
+        t_pp = 2 * hop * v + coll.p2p(pp_g[0], pp_g[1], 64) * v  # + the activation's header
+
+    def micro_batch_time(n_layers, head):
+        t_f = n_layers * t_layer + (t_logits if head else 0.0) + cluster.microbatch_overhead_seconds / 3
+        t_b = 2 * t_f + (n_layers * t_layer if recompute else 0.0)
+        t_tp = n_layers * ar * (6 if recompute else 4)
+        return t_f, t_b, t_tp, t_f + t_b + t_tp + t_pp
+
+    per_stage = [micro_batch_time(n, head) for n, _, head in stages]
+    slowest = max(range(pp), key=lambda i: per_stage[i][3])
+    t_f, t_b, t_tp, t_mb = per_stage[slowest]
+    if runtime == "ringcomm":
+        # 1F1B over unequal stages: the slowest runs its m micro-batches, the others fill
+        # and drain around it ((m + p - 1) t when the stages are equal).
+        t_pipe = m * t_mb + sum(x[3] for x in per_stage) - t_mb
+    else:
+        t_pipe = (m + (pp - 1) / v) * t_mb  # Narayanan et al.: the slowest stage, (p-1)/v in the bubble
+    bubble = t_pipe - m * t_mb
 
     # DP / ZeRO over the dp group, per device of the first stage (it holds the embeddings).
-    first = layers_per_stage * model.layer_params() + model.embedding_params()
-    last = layers_per_stage * model.layer_params() + model.head_params() + (model.vocab * model.hidden
-                                                                            if model.tied else 0)
-    psi = (max(first, last) if pp > 1 else model.params()) / tp
-    grad_bytes = psi * _BYTES_ACT
-    layer_bytes = model.layer_params() / tp * _BYTES_ACT
+    def stage_params(n_layers, emb, head):
+        """Parameters of a stage's device: the layers split over TP, the embedding and
+        head split too (Megatron's vocabulary-parallel ones) or, under ringcomm's
+        tensor_parallel, replicated."""
+        ends = ((model.embedding_params() if emb else 0)
+                + (model.head_params() + (model.vocab * model.hidden if model.tied and pp > 1 else 0)
+                   if head else 0))
+        return n_layers * model.layer_params() / tp + ends / (1 if vocab_replicated else tp)
+
+    psi = max(stage_params(*st) for st in stages)
+    grad_bytes = psi * e
+    layer_bytes = model.layer_params() / tp * prec["params"]
+    # How many reductions a step makes: ringcomm's Pipeline reduces once (the last
+    # backward; the others run under no_sync), DeepSpeed's ZeRO 2/3 after every micro-batch.
+    reductions = m if (runtime != "ringcomm" and zero >= 2) else 1
     if zero == 0:
         dp_total = coll.seconds("all_reduce", dp_g, grad_bytes)
         dp_hidden = min(dp_total, t_b)
-    elif zero == 1:
-        rs = coll.seconds("reduce_scatter", dp_g, grad_bytes)
-        ag = coll.seconds("all_gather", dp_g, grad_bytes)
-        dp_total = rs + ag
-        dp_hidden = min(rs, t_b)  # the reduce overlaps the last backward; the gather follows the step
     else:
-        rs = coll.seconds("reduce_scatter", dp_g, grad_bytes) * m
-        dp_total, dp_hidden = rs, min(rs, m * t_b)
-        if zero == 3:
-            ag = 2 * m * coll.seconds("all_gather", dp_g, grad_bytes)
+        # ZeRO 3 gathers and reduces a unit per module that holds parameters (six a
+        # layer: two LayerNorms, qkv, proj, fc1, fc2; and the embedding / head's), each
+        # its own collective: their latency counts, not only their bytes.
+        units = 6 * layers_per_stage + 2 if zero == 3 else 1
+        rs = units * coll.seconds("reduce_scatter", dp_g, grad_bytes / units) * reductions
+        dp_total, dp_hidden = rs, min(rs, reductions * t_b)  # each reduce under the backward it follows
+        if zero in (1, 2):
+            dp_total += coll.seconds("all_gather", dp_g, psi * prec["params"])  # after the step
+        else:
+            ag = 2 * m * units * coll.seconds("all_gather", dp_g, psi * prec["params"] / units)
             dp_total += ag
-            dp_hidden += min(ag, m * (t_f + t_b))
-    if not dp_overlap:
+            dp_hidden += min(ag, m * (t_f + t_b))  # prefetched under forward and backward
+    if not (dp_overlap and cluster.overlap):
         dp_hidden = 0.0
+    # The optimizer steps the shard the device owns (all of psi without ZeRO).
+    t_opt = cluster.optimizer_seconds(psi / dp if zero else psi)
     lay.comm_seconds = {"tp": m * t_tp, "pp": m * t_pp, "dp": dp_total}
     lay.hidden_seconds = {"tp": 0.0, "pp": 0.0, "dp": dp_hidden}
     lay.compute_seconds = m * (t_f + t_b)
-    lay.step_seconds = t_pipe + (dp_total - dp_hidden)
+    lay.optimizer_seconds = t_opt
+    lay.step_seconds = t_pipe + (dp_total - dp_hidden) + t_opt
+    if cluster.cores:
+        # Devices sharing processors: the node's work over its cores bounds the step too.
+        # Waiting for a peer to be scheduled holds no core: the node's work leaves it out.
+        s_tp = coll.sync(len(tp_g)) if tp > 1 else 0.0
+        s_dp = coll.sync(len(dp_g)) if dp > 1 else 0.0
+        s_pp = coll.sync(2) if pp > 1 else 0.0
+        waits_mb = [n * (6 if recompute else 4) * s_tp + 3 * v * s_pp for n, _, _ in stages]
+        if zero == 0:
+            dp_calls = 1
+        elif zero in (1, 2):
+            dp_calls = reductions + 1
+        else:
+            dp_calls = units * (reductions + 2 * m)
+        work = (m * sum(x[3] - w for x, w in zip(per_stage, waits_mb)) / pp + dp_total - dp_calls * s_dp
+                + t_opt)
+        lay.step_seconds = max(lay.step_seconds, cluster.devices_per_node * work / cluster.cores)
     lay.bubble_seconds = bubble
     lay.bubble_fraction = bubble / lay.step_seconds if lay.step_seconds else 0.0
     flops_model, flops_hw = model.flops(global_batch, recompute)
@@ -510,27 +836,58 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
     lay.tflops_per_device = flops_model / lay.step_seconds / n / 1e12
     lay.hardware_tflops_per_device = flops_hw / lay.step_seconds / n / 1e12
 
-    # Memory of the first stage's device (the embeddings, the most micro-batches in flight),
-    # and the last stage's logits where they weigh more.
-    from ringcomm.parallel.zero import paper_memory_bytes  # the one rule (ZeRO paper, sec. 5)
+    # Memory of each stage's device, the fullest reported: its parameters' states, the
+    # micro-batches it holds in flight (1F1B: p - s on stage s), the last stage's logits.
+    def stage_memory(i, n_layers, emb, head):
+        p_s = stage_params(n_layers, emb, head)
+        g_bytes = p_s * e
+        mem_params = p_s * prec["params"] / (dp if zero == 3 else 1)
+        mem_grads = p_s * prec["grads"] / (dp if zero >= 2 else 1)
+        # ZeRO 2/3 under ringcomm's Pipeline accumulate the micro-batches' gradients in
+        # full (no_sync) until the last backward reduces them; ZeRO 2's buckets (25 MiB,
+        # two in flight) are allocated as that backward starts: both are held beside the
+        # activations still in flight.
+        acc = p_s * prec["grads"] if (zero >= 2 and reductions == 1 and m > 1) else 0.0
+        bucket = min(2 * 25 * 2 ** 20, g_bytes) if zero == 2 else 0.0
+        mem_opt = prec["K"] * p_s / (dp if zero >= 1 else 1)
+        per_mb = n_layers * (2 * s * b * h * e / 2 if recompute else per_layer_full)
+        k = min(m, pp - i) * ((1 + (pp - 1) / (pp * v)) if v > 1 else 1)
+        # The peak among: k micro-batches in flight before the first backward; after it,
+        # with the accumulated gradients (k again in flight if more forwards follow); the
+        # last backward's start, one micro-batch in flight beside the gradients and the
+        # buckets it fills.
+        steady = (k * per_mb if m > k else (k - 1) * per_mb) + acc if acc else 0.0
+        act = max(k * per_mb, steady, per_mb + acc + bucket)
+        transient = act - k * per_mb if act > k * per_mb else 0.0
+        act += per_layer_full if recompute else 0.0  # one layer's full set while it is recomputed
+        if head:
+            act += (6 if precision == "bf16" else 2 * e) * b * s * V / vtp  # logits (and softmax)
+        buffers = 2 * tokens * h * e / tp if pp > 1 else 0.0  # the stage-to-stage send / receive
+        if runtime == "ringcomm":  # the scratch a communicator keeps for its largest call's algorithm
+            buffers += 3 * _COMM_HEAP  # and the TP, PP and DP communicators themselves
+            buffers += coll.scratch("all_reduce", tp_g, tokens * h * e)
+            buffers += coll.scratch("all_reduce" if zero == 0 else "reduce_scatter", dp_g,
+                                    min(25 * 2 ** 20, g_bytes))
+        if zero == 3:
+            if runtime == "ringcomm":
+                # A unit per module: the one computing and the prefetched one gathered, and
+                # the unit whose gradients are being reduced (its bucket and output).
+                widest = max(3 * h * h, h * model.f) / tp
+                buffers += 2 * widest * prec["params"] + widest * prec["grads"] * (1 + 1 / dp)
+            else:
+                buffers += 2 * layer_bytes + min(2 * 25 * 2 ** 20, g_bytes) * (1 + 1 / dp)
+        # ZeRO 2/3's gradient shard is made by the step's reduction, once the activations
+        # are gone (a step starting with zero_grad(set_to_none=True), torch's default, frees
+        # it): it does not add to the activations' peak.
+        held = act + (mem_grads if zero < 2 else 0.0)
+        if zero >= 2:
+            held = max(held, mem_grads + bucket)
+        return {"params": mem_params, "grads": mem_grads, "optimizer_state": mem_opt,
+                "step_gradients": transient, "activations": act - transient, "buffers": buffers,
+                "total": mem_params + mem_opt + held + buffers}
 
-    mem_params, mem_grads, mem_opt = paper_memory_bytes(psi, dp, zero)
-    in_flight = min(m, pp) * ((1 + (pp - 1) / (pp * v)) if v > 1 else 1)
-    if recompute:
-        act = in_flight * layers_per_stage * 2 * s * b * h + per_layer_full
-    else:
-        act = in_flight * layers_per_stage * per_layer_full
-    logits = 6 * b * s * V / tp
-    act_last = (act if pp == 1 else 0) + logits
-    buffers = (2 * tokens * h * _BYTES_ACT / tp if pp > 1 else 0)
-    if zero >= 2:
-        buffers += 2 * min(grad_bytes, 25e6)  # two gradient buckets in flight
-    if zero == 3:
-        buffers += 2 * layer_bytes  # the gathered layer and the prefetched one
-    activations = max(act, act_last)
-    total = mem_params + mem_grads + mem_opt + activations + buffers
-    lay.memory_bytes = {"params": mem_params, "grads": mem_grads, "optimizer_state": mem_opt,
-                        "activations": activations, "buffers": buffers, "total": total}
+    lay.memory_bytes = max((stage_memory(i, *st) for i, st in enumerate(stages)), key=lambda d: d["total"])
+    total = lay.memory_bytes["total"]
     cap = cluster.device_memory_gb * 1e9 * cluster.usable_fraction
     lay.fits = total <= cap
     if not lay.fits:

@@ -1,0 +1,154 @@
+"""The planner against measured training on this machine: every TP x PP x DP layout
+(each in {1, 2, 4}), ZeRO 0-3 and 1-8 micro-batches of examples/train_3d.py at world 4
+and 8, predicted step time and memory per rank beside the measured ones.
+
+    python benchmarks/plan_measured.py --world 4 --world 8 [--steps 4] [--json out.json]
+
+Each world is one spawned group of ranks (torch's import is paid once); it first
+measures this machine as the planner's Cluster (Cluster.measured_here: the model's
+GEMMs and one layer's forward and backward on every rank at once, the copy bandwidth,
+an AdamW step, the links of the communicator's own cost model), then trains every
+layout for --steps steps (fp32, AdamW, 1F1B; the first step warms up, the others are
+timed from a barrier, the slowest rank's time, median). Memory: each rank's peak
+C-heap bytes in use during step 1 above what it held before building its model
+(ringcomm.bench.heap), the largest over ranks, against the planner's total for the
+first stage's device (the fullest). The pick: the planner's fastest layout, and its
+measured time against the fastest measured.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+from parallel_bench import run  # noqa: E402
+
+MODEL = dict(vocab=512, hidden=256, heads=4, layers=6, seq=32)
+GLOBAL_BATCH = 32
+MICROBATCHES = (1, 2, 4, 8)
+
+
+def layouts(world):
+    out = []
+    for tp in (1, 2, 4):
+        for pp in (1, 2, 4):
+            if world % (tp * pp):
+                continue
+            dp = world // (tp * pp)
+            if dp not in (1, 2, 4):
+                continue
+            for zero in ((0, 1, 2, 3) if dp > 1 else (0,)):
+                for m in MICROBATCHES:
+                    if GLOBAL_BATCH % (dp * m):
+                        continue
+                    out.append((tp, pp, dp, zero, m))
+    return out
+
+
+def _rank(comm, steps, only):
+    import torch
+
+    import train_3d
+    from ringcomm.parallel import Cluster, Transformer
+
+    model = Transformer(MODEL["layers"], MODEL["hidden"], MODEL["heads"], MODEL["seq"], MODEL["vocab"], tied=False)
+    cluster = Cluster.measured_here(comm, model, precision="fp32")
+    rows = []
+    for (tp, pp, dp, zero, m) in (only or layouts(comm.world_size)):
+        rep = {"measure": True}
+        train_3d.train(comm, tp, pp, dp, zero=zero, report=rep, steps=steps, microbatches=m,
+                       batch=GLOBAL_BATCH, **MODEL)
+        peak = torch.tensor([float(rep["peak_bytes"])], dtype=torch.float64)
+        comm.all_reduce(peak, op="max")
+        rows.append({"tp": tp, "pp": pp, "dp": dp, "zero": zero, "microbatches": m,
+                     "step_s": rep["step_s"], "peak_bytes": float(peak), "own_peak_bytes": rep["peak_bytes"]})
+    return {"cluster": cluster.as_dict(), "rows": rows}
+
+
+def predict(world, cluster_info, row):
+    from ringcomm.parallel import Cluster, Transformer, plan
+
+    model = Transformer(MODEL["layers"], MODEL["hidden"], MODEL["heads"], MODEL["seq"], MODEL["vocab"], tied=False)
+    cluster = Cluster(**cluster_info)
+    b = GLOBAL_BATCH // (row["dp"] * row["microbatches"])
+    got = plan(model, cluster, GLOBAL_BATCH, tp=row["tp"], pp=row["pp"], zero_stage=row["zero"], micro_batch=b,
+               recompute=False, precision="fp32", activations="fused", runtime="ringcomm",
+               max_micro_batch=GLOBAL_BATCH)
+    assert len(got) == 1, got
+    return got[0]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, action="append", help="world sizes (default 4 and 8)")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--json", help="write every row (measured and predicted) here")
+    ap.add_argument("--only", help="tp,pp,dp,zero,m[;...]: just these layouts")
+    ap.add_argument("--measured", help="predict against the measurements of an earlier --json instead of "
+                                       "training again")
+    args = ap.parse_args(argv)
+    import torch  # noqa: F401  (its version in the header)
+
+    from ringcomm.bench.report import machine_facts
+
+    only = [tuple(int(x) for x in item.split(",")) for item in args.only.split(";")] if args.only else None
+    print(f"# python benchmarks/plan_measured.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    facts = machine_facts()
+    print(f"# CPU: {facts['cpu_model']}, {os.cpu_count()} CPUs; torch {facts.get('torch')}; {platform.python_version()}; model {MODEL}, "
+          f"global batch {GLOBAL_BATCH}, fp32 AdamW, 1F1B")
+    every = []
+    earlier = {}
+    if args.measured:
+        with open(args.measured) as f:
+            for r in json.load(f):
+                earlier.setdefault(r["world"], {"cluster": r["cluster"], "rows": []})["rows"].append(r)
+    for world in args.world or ([*earlier] if earlier else [4, 8]):
+        if world in earlier:
+            res = [earlier[world]]
+        else:
+            res = run(_rank, world, args.steps, only, timeout=3600)
+            if args.json:  # the measurements first: a planner change can be checked against them
+                with open(args.json + ".raw", "w") as f:
+                    json.dump([dict(r, world=world, cluster=res[0]["cluster"]) for r in res[0]["rows"]], f)
+        info = res[0]["cluster"]
+        print(f"# world {world}: measured here: {json.dumps(info)}")
+        print(f"{'tp':>3} {'pp':>3} {'dp':>3} {'zero':>4} {'m':>2} {'b':>2} | {'measured ms':>11} {'predicted':>9} "
+              f"{'err':>6} | {'measured MB':>11} {'predicted':>9} {'err':>6}")
+        rows = []
+        for row in res[0]["rows"]:
+            lay = predict(world, info, row)
+            meas = statistics.median(row["step_s"][1:])
+            pred = lay.step_seconds
+            mem = row["peak_bytes"]
+            pmem = lay.memory_bytes["total"]
+            r = dict(row, world=world, cluster=info, measured_s=meas, predicted_s=pred, predicted_bytes=pmem,
+                     predicted_memory=lay.memory_bytes, time_error=pred / meas - 1, memory_error=pmem / mem - 1)
+            rows.append(r)
+            print(f"{row['tp']:>3} {row['pp']:>3} {row['dp']:>3} {row['zero']:>4} {row['microbatches']:>2} "
+                  f"{GLOBAL_BATCH // (row['dp'] * row['microbatches']):>2} | {meas * 1e3:>11.1f} {pred * 1e3:>9.1f} "
+                  f"{r['time_error']:>+6.1%} | {mem / 1e6:>11.2f} {pmem / 1e6:>9.2f} {r['memory_error']:>+6.1%}")
+        worst_t = max(abs(r["time_error"]) for r in rows)
+        worst_m = max(abs(r["memory_error"]) for r in rows)
+        fastest = min(rows, key=lambda r: r["measured_s"])
+        pick = min(rows, key=lambda r: r["predicted_s"])
+        in_t = sum(abs(r["time_error"]) <= 0.25 for r in rows)
+        in_m = sum(abs(r["memory_error"]) <= 0.10 for r in rows)
+        print(f"# world {world}: {len(rows)} layouts; step time within 25% in {in_t}, memory within 10% in {in_m}; "
+              f"worst step-time error {worst_t:.1%}, worst memory error {worst_m:.1%}; planner's pick tp {pick['tp']} pp {pick['pp']} dp {pick['dp']} ZeRO {pick['zero']} "
+              f"m {pick['microbatches']}: measured {pick['measured_s'] * 1e3:.1f} ms, "
+              f"{pick['measured_s'] / fastest['measured_s']:.3f}x the fastest measured (tp {fastest['tp']} pp "
+              f"{fastest['pp']} dp {fastest['dp']} ZeRO {fastest['zero']} m {fastest['microbatches']}, "
+              f"{fastest['measured_s'] * 1e3:.1f} ms)")
+        every += rows
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(every, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
