@@ -360,7 +360,6 @@ class Cluster:
             return float(out[0])
 
         tokens = b * s
-        x = torch.randn(tokens, h, dtype=dtype)
         shapes = [(h, 3 * h), (h, h), (h, f), (f, h)]
         ws = [torch.randn(k, n, dtype=dtype) for k, n in shapes]
         xs = {k: torch.randn(tokens, k, dtype=dtype) for k in (h, f)}
