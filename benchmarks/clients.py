@@ -117,16 +117,17 @@ def kill_tree(pid):
             pass
 
 
-def run_client(name, backend, *, steps=6, width=32, timeout=240.0, out=None):
-    """Launches client `name` on `backend`; returns its per-rank results (the
-    rank{r}.json fields, with "params" the final parameters)."""
+def run_client(name, backend, *, steps=6, width=32, timeout=240.0, out=None, extra_args=()):
+    """Launches client `name` on `backend` (the script's own `extra_args` appended);
+    returns its per-rank results (the rank{r}.json fields, with "params" the final
+    parameters)."""
     _, script, variant, launcher = CLIENTS[name]
     own = out is None
     out = out or tempfile.mkdtemp(prefix=f"ringcomm_{name}_{backend}_")
     try:
         cmd = _command(launcher, os.path.join(EXAMPLES, script),
                        ["--backend", backend, "--variant", variant, "--steps", str(steps), "--width", str(width),
-                        "--out", out])
+                        "--out", out, *extra_args])
         # PYTHONFAULTHANDLER: a rank that dies of a signal prints every thread's stack.
         env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
         env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the examples rely on ringcomm's entry point

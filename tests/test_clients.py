@@ -45,7 +45,18 @@ def test_client_matches_gloo(name):
         # once aborted with "terminate called without an active exception" on a loaded
         # CI machine.) A ringcomm launch is never retried.
         print(f"the gloo reference of {name} failed once, launched again: {str(e)[:300]}", file=sys.stderr)
-        ref = clients.run_client(name, "gloo", timeout=timeout)
+        try:
+            ref = clients.run_client(name, "gloo", timeout=timeout)
+        except clients.ClientFailed as e2:
+            if name != "torchrun-restart":
+                raise
+            # gloo's own restart failed twice (on a loaded CI machine its first launch exited
+            # 1 and the second hung for 240 s in the restarted group). The restart resumes
+            # exactly (a checkpoint after every step, optimizer state included), so gloo's
+            # uninterrupted run of the same steps is the same reference.
+            print(f"the gloo reference of {name} failed again ({str(e2)[:200]}); using gloo's run "
+                  "without the kill as the reference", file=sys.stderr)
+            ref = clients.run_client(name, "gloo", timeout=timeout, extra_args=["--kill-step", "-1"])
     got = clients.run_client(name, "ringcomm", timeout=timeout)
     fails, _, _ = clients.compare(ref, got)
     for r, (a, b) in enumerate(zip(got, ref)):
@@ -74,7 +85,8 @@ def test_client_matches_gloo(name):
         if "rank 1" not in raised or "died" not in raised:
             fails.append(f"the surviving rank 0 did not raise naming rank 1: {raised[:300]!r}")
         print(f"torchrun restart: {got[0]['restart_s']:.2f} s from the kill to the restarted group's first step "
-              f"(gloo {ref[0]['restart_s']:.2f} s); the survivor raised: {raised.splitlines()[0][:200]}")
+              f"(gloo {'%.2f s' % ref[0]['restart_s'] if ref[0].get('restart_s') else 'not restarted'}); "
+              f"the survivor raised: {raised.splitlines()[0][:200]}")
     assert not fails, f"{name}:\n" + "\n".join(fails)
 
 
