@@ -6,10 +6,13 @@ and 8, predicted step time and memory per rank beside the measured ones.
 
 Each world is one spawned group of ranks (torch's import is paid once); it first
 measures this machine as the planner's Cluster (Cluster.measured_here: the model's
-GEMMs and one layer's forward and backward on every rank at once, the copy bandwidth,
-an AdamW step, the links of the communicator's own cost model), then trains every
-layout for --steps steps (fp32, AdamW, 1F1B; the first step warms up, the others are
-timed from a barrier, the slowest rank's time, median). Memory: each rank's peak
+GEMMs, one layer's forward and backward, a two-layer model, the copy bandwidth and an
+AdamW step with a core to itself and again with every rank at once (Cluster.shared:
+the node's work as it runs together), the wait a collective adds between bursts of
+compute, what a ZeRO 3 unit's gather or reduction adds, the links of the
+communicator's own cost model), then trains every layout for --steps steps (fp32,
+AdamW, 1F1B; the first step warms up, the others are timed from a barrier, the
+slowest rank's time, median). Memory: each rank's peak
 C-heap bytes in use during step 1 above what it held before building its model
 (ringcomm.bench.heap), the largest over ranks, against the planner's total for the
 first stage's device (the fullest). The pick: the planner's fastest layout, and its

@@ -250,6 +250,46 @@ def test_planner_arguments_are_checked():
     assert Cluster(**c.as_dict()).as_dict() == c.as_dict()
 
 
+def test_shared_cores_figures_and_zero3_units():
+    """Cluster.shared: the compute as it runs with every device at once. Figures that
+    are the alone ones slowed by devices / cores (perfect time slicing) give the old
+    bound, devices x work / cores, to the rounding; slower ones a slower step. ZeRO 3's
+    measured unit cost adds its wall time per unit collective."""
+    m = Transformer(4, 64, 2, 16, 128)
+    own = dict(peak_tflops=0.1, memory_gbps=20.0, memory_passes=2.0, layer_overhead_seconds=1e-3,
+               microbatch_overhead_seconds=2e-3, optimizer_seconds_per_param=5e-9)
+    base = dict(nodes=1, devices_per_node=4, device_memory_gb=8, gemm_efficiency=1.0, cores=2, overlap=False,
+                **own)
+    kw = dict(tp=1, pp=2, zero_stage=1, micro_batch=2, recompute=False, precision="fp32", activations="fused")
+    alone = plan(m, Cluster(**base), 16, **kw)[0]
+    k = 4 / 2
+    sliced = dict(peak_tflops=0.1 / k, memory_gbps=20.0 / k, memory_passes=2.0, layer_overhead_seconds=1e-3 * k,
+                  microbatch_overhead_seconds=2e-3 * k, optimizer_seconds_per_param=5e-9 * k)
+    same = plan(m, Cluster(**base, shared=sliced), 16, **kw)[0]
+    assert same.step_seconds == pytest.approx(alone.step_seconds, rel=1e-9)
+    slow = dict(sliced, peak_tflops=0.1 / (2 * k), layer_overhead_seconds=2e-3 * k)
+    assert plan(m, Cluster(**base, shared=slow), 16, **kw)[0].step_seconds > 1.3 * alone.step_seconds
+    # ZeRO 3: (1 reduction + 2 gathers per micro-batch) x units, each adding zero3_unit_seconds.
+    z3 = dict(kw, zero_stage=3)
+    before = plan(m, Cluster(**base, shared=sliced), 16, **z3)[0]
+    after = plan(m, Cluster(**base, shared=sliced, zero3_unit_seconds=1e-3, zero3_unit_seconds_world=1e-3),
+                 16, **z3)[0]
+    units = 6 * 2 + 2  # two layers a stage (stage_bounds: 3 of the 6 modules each), + 2
+    calls = units * (1 + 2 * before.microbatches)
+    assert after.step_seconds - before.step_seconds == pytest.approx(calls * 1e-3, rel=0.05)
+    # What a Cluster refuses, and the round trip.
+    with pytest.raises(ValueError, match="shared has unknown fields"):
+        Cluster(**base, shared={"tflops": 1.0})
+    with pytest.raises(ValueError, match=r"shared\['peak_tflops'\] must be"):
+        Cluster(**base, shared={"peak_tflops": 0.0})
+    with pytest.raises(ValueError, match="shared must be a dict"):
+        Cluster(**base, shared=[1.0])
+    with pytest.raises(ValueError, match="zero3_unit_seconds must be >= 0"):
+        Cluster(**base, zero3_unit_seconds=-1.0)
+    c = Cluster(**base, shared=sliced, zero3_unit_seconds=1e-3)
+    assert Cluster(**c.as_dict()).as_dict() == c.as_dict()
+
+
 def test_accumulation_under_no_sync_holds_full_gradients():
     # ringcomm's Pipeline runs every backward but the last under no_sync: ZeRO 2/3 keep the
     # full gradients while micro-batches accumulate; DeepSpeed reduces each one.
@@ -313,7 +353,11 @@ def _measured(comm):
         comm.barrier()
         pipe.step(torch.randn(8, 4) if comm.rank == 0 else None, torch.randn(8, 4) if comm.rank == 1 else None)
         idle.append(pipe.stats["wait_s"] / pipe.stats["step_s"])
-    return rows, sorted(idle)[1]
+    # This machine as the planner's cluster (after the memory rows: it allocates).
+    model = Transformer(_SMALL["layers"], _SMALL["hidden"], _SMALL["heads"], _SMALL["seq"], _SMALL["vocab"],
+                        tied=False)
+    here = Cluster.measured_here(comm, model, precision="fp32", seconds=0.05).as_dict()
+    return rows, sorted(idle)[1], here
 
 
 class _SleepBackward(torch.autograd.Function):
@@ -350,3 +394,14 @@ def test_memory_and_bubble_against_training_here():
     assert want == pytest.approx(0.2, rel=0.02)
     idle = res[0][1]
     assert 0.6 * want <= idle <= 1.6 * want, f"stage 0 idle {idle:.1%} of the step, the model's bubble {want:.1%}"
+    # Cluster.measured_here: every rank returns the same cluster; its figures are there
+    # and sane (the rates positive, the shared ones no faster than one core's worth).
+    here = [r[2] for r in res]
+    assert here[0] == here[1]
+    c = Cluster(**here[0])
+    assert c.devices_per_node == 2 and c.cores >= 1 and c.peak_tflops > 0 and c.memory_gbps > 0
+    assert set(c.shared) == set(Cluster.SHARED_FIELDS)
+    assert 0 < c.shared["peak_tflops"] <= 2 * c.peak_tflops
+    assert c.shared["optimizer_seconds_per_param"] > 0 and c.optimizer_seconds_per_param > 0
+    assert c.zero3_unit_seconds >= 0 and c.zero3_unit_seconds_world == c.zero3_unit_seconds  # world 2: pairs
+    assert plan(model, c, 8, tp=1, pp=1, zero_stage=3, micro_batch=4, precision="fp32")[0].step_seconds > 0

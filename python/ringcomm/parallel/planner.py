@@ -243,6 +243,23 @@ class Cluster:
     # the node's devices (sync_seconds_world; a group in between: interpolated by size).
     sync_seconds: float = 0.0
     sync_seconds_world: Optional[float] = None
+    # Devices sharing cores (CPU ranks): the figures of one device while every device of
+    # the node computes at once (peak_tflops, memory_gbps, memory_passes,
+    # layer_overhead_seconds, microbatch_overhead_seconds, optimizer_seconds_per_param;
+    # each rank's own wall time, so the time slicing and the contention for caches and
+    # memory are in them). With them the step's cores bound is the node's work timed as
+    # it runs together, not the devices' work alone x devices / cores (None).
+    shared: Optional[Dict[str, float]] = None
+    # ZeRO 3 on devices sharing cores: the wall time each gather or reduction of a unit
+    # adds to a step beyond its bytes (the hooks, the waits, the rescheduling), measured
+    # with ranks in groups of two and in one group of the node's devices at once
+    # (zero3_unit_seconds_world; a group in between: interpolated by size). 0: only the
+    # collectives' latency and sync_seconds.
+    zero3_unit_seconds: float = 0.0
+    zero3_unit_seconds_world: Optional[float] = None
+
+    SHARED_FIELDS = ("peak_tflops", "memory_gbps", "memory_passes", "layer_overhead_seconds",
+                     "microbatch_overhead_seconds", "optimizer_seconds_per_param")
 
     def __post_init__(self):
         for name in ("nodes", "devices_per_node"):
@@ -261,8 +278,23 @@ class Cluster:
         for name in ("layer_overhead_seconds", "microbatch_overhead_seconds", "sync_seconds"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"Cluster: {name} must be >= 0, got {getattr(self, name)!r}")
-        if self.sync_seconds_world is not None and not self.sync_seconds_world >= 0:
-            raise ValueError(f"Cluster: sync_seconds_world must be >= 0, got {self.sync_seconds_world!r}")
+        for name in ("sync_seconds_world", "zero3_unit_seconds", "zero3_unit_seconds_world"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"Cluster: {name} must be >= 0, got {v!r}")
+        if self.shared is not None:
+            if not isinstance(self.shared, dict):
+                raise ValueError(f"Cluster: shared must be a dict of {', '.join(self.SHARED_FIELDS)}, "
+                                 f"got {self.shared!r}")
+            unknown = set(self.shared) - set(self.SHARED_FIELDS)
+            if unknown:
+                raise ValueError(f"Cluster: shared has unknown fields {sorted(unknown)} (known: "
+                                 f"{', '.join(self.SHARED_FIELDS)})")
+            for k, v in self.shared.items():
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                if not ok or (k == "peak_tflops" and not v > 0):
+                    raise ValueError(f"Cluster: shared[{k!r}] must be a number >= 0 (peak_tflops > 0), "
+                                     f"got {v!r}")
         if self.cores is not None and (not isinstance(self.cores, int) or self.cores < 1):
             raise ValueError(f"Cluster: cores must be a positive integer or None, got {self.cores!r}")
         if self.preset is not None and self.params is not None:
@@ -328,34 +360,46 @@ class Cluster:
         - device_memory_gb: the machine's memory divided by the ranks (or memory_gb).
 
         Each figure is rank 0's median over repeats of about `seconds`, the other ranks
-        waiting: the rate of a rank with a core to itself. cores: the processors this
-        process may run on, which every rank shares (the step's second bound)."""
+        waiting: the rate of a rank with a core to itself. `shared`: the same figures
+        with every rank measuring at once, each rank's median averaged over the ranks
+        (the rate of a rank while the node is busy: the time slicing and the contention
+        for caches and memory are in it). cores: the processors this process may run on,
+        which every rank shares (the step's second bound). sync_seconds and
+        zero3_unit_seconds (every rank at once, in pairs and in one group of the world):
+        what a collective between bursts of compute, and a ZeRO 3 unit's gather or
+        reduction, add to the wall time."""
+        import copy
         import os
         import time
 
         import torch
 
+        from ringcomm.parallel import models as _models
         from ringcomm.parallel.models import Block
 
         dtype = _torch_dtype(precision)
         h, f, s = model.hidden, model.f, model.seq_len
         b = micro_batch or 4
 
-        def timed(fn):
-            # Rank 0 alone (the others wait): the rate of one rank with a core to itself;
-            # sharing the cores is the step's other bound (Cluster.cores).
+        def timed(fn, together=False):
+            # Alone: rank 0 measures, the others wait; the median call. Together: every
+            # rank calls fn for the same time at once (fn holds no collective: the counts
+            # may differ); the mean call, as the time slices fall (a call the scheduler
+            # interrupts is part of the rate: a median would leave it out).
             out = torch.zeros(1, dtype=torch.float64)
             comm.barrier()
-            if comm.rank == 0:
+            if together or comm.rank == 0:
                 fn()
-                n, t0 = 0, time.perf_counter()
                 times = []
-                while time.perf_counter() - t0 < seconds or n < 3:
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < seconds or len(times) < 3:
                     t1 = time.perf_counter()
                     fn()
                     times.append(time.perf_counter() - t1)
-                    n += 1
-                out[0] = sorted(times)[len(times) // 2]
+                out[0] = sum(times) / len(times) if together else sorted(times)[len(times) // 2]
+            if together:
+                comm.all_reduce(out)
+                return float(out[0]) / comm.world_size
             comm.broadcast(out, src=0)
             return float(out[0])
 
@@ -364,53 +408,87 @@ class Cluster:
         ws = [torch.randn(k, n, dtype=dtype) for k, n in shapes]
         xs = {k: torch.randn(tokens, k, dtype=dtype) for k in (h, f)}
         gemm_flops = sum(2 * tokens * k * n for k, n in shapes)
-        t_gemm = timed(lambda: [xs[k] @ w for (k, _), w in zip(shapes, ws)])
-        tflops = gemm_flops / t_gemm / 1e12
-
         src = torch.empty(16 << 20, dtype=torch.float32)
         dst = torch.empty_like(src)
         src.fill_(1.0)
-        t_copy = timed(lambda: dst.copy_(src))
-        gbps = 2 * src.numel() * 4 / t_copy / 1e9
-
-        # One real layer at 1 and 16 sequences, t(b) = c0 + c1 b through both: c1 beyond
-        # the GEMMs is memory-bound work (passes over the activation bytes), c0 the
-        # per-op cost that does not grow with the batch (the interpreter and dispatch
-        # here; kernel launches on a GPU). (Through both ends, the line is within 8% of
-        # the layer at 4 and 8 here; a least-squares line missed b = 1 by 30%.)
-        from ringcomm.parallel import models as _models
-
         block = Block(h, model.heads, f).to(dtype)
+        two = _models.transformer(model.vocab, h, model.heads, 2, s, f).to(dtype)
         sizes = (1, 16)
-        per_b = []
-        for bb in sizes:
-            inp = torch.randn(bb, s, h, dtype=dtype, requires_grad=True)
-            per_b.append(timed(lambda: block(inp).sum().backward()))
-        c1 = max(0.0, (per_b[1] - per_b[0]) / (sizes[1] - sizes[0]))
-        c0 = max(0.0, per_b[0] - c1)
+        n_opt = 1 << 20
+        p = torch.nn.Parameter(torch.randn(n_opt))
+        p.grad = torch.randn(n_opt)
+        opt = torch.optim.AdamW([p], lr=1e-4)
+        opt.step()
+
+        def layer_line(together):
+            # One real layer at 1 and 16 sequences, t(b) = c0 + c1 b through both: c0 the
+            # per-op cost that does not grow with the batch (the interpreter and dispatch
+            # here; kernel launches on a GPU). (Through both ends, the line is within 8%
+            # of the layer at 4 and 8 here; a least-squares line missed b = 1 by 30%.)
+            per_b = []
+            for bb in sizes:
+                inp = torch.randn(bb, s, h, dtype=dtype, requires_grad=True)
+                per_b.append(timed(lambda: block(inp).sum().backward(), together))
+            c1 = max(0.0, (per_b[1] - per_b[0]) / (sizes[1] - sizes[0]))
+            return per_b, max(0.0, per_b[0] - c1), c1
+
+        def rest(per_b, tflops, together):
+            # A micro-batch's cost beyond its layers and logits GEMMs: embedding, final
+            # LayerNorm, loss, the backward's start -- a two-layer model of these shapes
+            # at 1 and 16 sequences, less its layers.
+            out = []
+            for bb, t_layer in zip(sizes, per_b):
+                tok = torch.randint(0, model.vocab, (bb, s))
+                t_two = timed(lambda: _models.lm_loss(two(tok).float(), tok).backward(), together)
+                logits = 3 * model.logits_forward_flops_per_token() * bb * s / (tflops * 1e12)
+                out.append(t_two - 2 * t_layer - logits)
+            return max(0.0, sum(out) / len(out))
+
+        # Alone: the GEMMs' rate, the copy bandwidth, the layer's line; what c1 takes beyond
+        # the GEMMs is memory-bound work (LayerNorms, softmax, GELU, residuals), in passes
+        # over the activation bytes at memory_gbps.
+        tflops = gemm_flops / timed(lambda: [xs[k] @ w for (k, _), w in zip(shapes, ws)]) / 1e12
+        gbps = 2 * src.numel() * 4 / timed(lambda: dst.copy_(src)) / 1e9
+        per_b, c0, c1 = layer_line(False)
         flops_fb = 3 * model.layer_forward_flops_per_token() * s  # one sequence
         act = _layer_activation_bytes(model, 1, 1, precision, "fused")
         passes = max(0.0, (c1 - flops_fb / (tflops * 1e12)) / 3 / (act / (gbps * 1e9)))
-        # A micro-batch's cost beyond its layers and logits GEMMs: embedding, final
-        # LayerNorm, loss, the backward's start -- a two-layer model of these shapes
-        # at 1 and 16 sequences, less its layers.
-        two = _models.transformer(model.vocab, h, model.heads, 2, s, f).to(dtype)
-        rest = []
-        for bb, t_layer in zip(sizes, per_b):
-            tok = torch.randint(0, model.vocab, (bb, s))
-            t_two = timed(lambda: _models.lm_loss(two(tok).float(), tok).backward())
-            logits = 3 * model.logits_forward_flops_per_token() * bb * s / (tflops * 1e12)
-            rest.append(t_two - 2 * t_layer - logits)
-        mb_overhead = max(0.0, sum(rest) / len(rest))
+        alone = {"peak_tflops": tflops, "memory_gbps": gbps, "memory_passes": passes,
+                 "layer_overhead_seconds": c0, "microbatch_overhead_seconds": rest(per_b, tflops, False),
+                 "optimizer_seconds_per_param": timed(opt.step) / n_opt}
+        # Together: the layer's line again; its per-sequence part slows by k = c1'/c1, the
+        # GEMMs and the memory-bound work alike (their split is the one measured alone:
+        # rates divided by k), its fixed part is the line's own.
+        per_s, c0_s, c1_s = layer_line(True)
+        k = c1_s / c1 if c1 > 0 else 1.0
+        shared = {"peak_tflops": tflops / k, "memory_gbps": gbps / k, "memory_passes": passes,
+                  "layer_overhead_seconds": c0_s, "microbatch_overhead_seconds": rest(per_s, tflops / k, True),
+                  "optimizer_seconds_per_param": timed(opt.step, True) / n_opt}
+
+        def group_of(g):
+            """This rank's group when the world splits into groups of g consecutive ranks."""
+            if g == comm.world_size:
+                return comm
+            group = None
+            for first in range(0, comm.world_size, g):
+                got = comm.split(list(range(first, first + g)))
+                if got is not None:
+                    group = got
+            return group
 
         # What a collective costs when the ranks share cores and compute between calls (a
         # peer may be off the core: its wake-up, not the wire, is the latency; the more
         # peers a call waits for, the longer): every rank at once, 30 rounds of a few
         # GEMMs, with and without an 8-byte all_reduce in groups of g ranks after each;
-        # five such pairs, alternating, the median of their differences per round. For g
-        # = 2 (pairs) and g = the world.
+        # five such pairs, alternating, the median of their differences per round.
+        # And what a ZeRO 3 unit's collective adds: a step of the two-layer model (one
+        # micro-batch of b sequences) under ZeroDataParallel stage 3 against stage 1 over
+        # the same group, alternating, the difference per unit and collective (stage 3
+        # gathers every unit twice and reduces it once a step; stage 1 reduces and
+        # gathers one bucket). For g = 2 (pairs) and g = the world.
         tiny = torch.zeros(2)
         xb = torch.randn(4 * s, h, dtype=dtype)
+        tok_b = torch.randint(0, model.vocab, (b, s))
 
         def rounds(group, with_sync):
             comm.barrier()
@@ -424,37 +502,47 @@ class Cluster:
             comm.all_reduce(out, op="max")
             return float(out[0])
 
-        sync = {}
+        def zero3_unit(group):
+            from ringcomm.parallel.zero import ZeroDataParallel
+
+            zs = {st: ZeroDataParallel(copy.deepcopy(two), group, stage=st, lr=1e-4) for st in (1, 3)}
+            times = {1: [], 3: []}
+            for i in range(8):
+                for st, z in zs.items():
+                    comm.barrier()
+                    t0 = time.perf_counter()
+                    _models.lm_loss(z(tok_b).float(), tok_b).backward()
+                    z.step()
+                    z.zero_grad(set_to_none=True)
+                    if i >= 2:  # the first steps allocate
+                        times[st].append(time.perf_counter() - t0)
+            units = len(zs[3].units)
+            for z in zs.values():
+                z.remove_hooks()
+            out = torch.tensor([sorted(times[3])[len(times[3]) // 2] - sorted(times[1])[len(times[1]) // 2]],
+                               dtype=torch.float64)
+            comm.all_reduce(out)
+            return max(0.0, float(out[0]) / comm.world_size / (3 * units))
+
+        sync, unit = {}, {}
         for g in sorted({2, comm.world_size}):
-            if g > comm.world_size or comm.world_size % g:
+            if g < 2 or g > comm.world_size or comm.world_size % g:
                 continue
-            group = comm
-            if g < comm.world_size:
-                for first in range(0, comm.world_size, g):
-                    got = comm.split(list(range(first, first + g)))
-                    if got is not None:
-                        group = got
+            group = group_of(g)
             rounds(group, True)
             diffs = sorted(rounds(group, True) - rounds(group, False) for _ in range(5))
             sync[g] = max(0.0, diffs[2] / 30)
+            unit[g] = zero3_unit(group)
             if group is not comm:
                 group.close()
-
-        n_opt = 1 << 20
-        p = torch.nn.Parameter(torch.randn(n_opt))
-        p.grad = torch.randn(n_opt)
-        opt = torch.optim.AdamW([p], lr=1e-4)
-        opt.step()
-        t_opt = timed(opt.step)
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if memory_gb is None:
             memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9 / comm.world_size
-        return cls(nodes=1, devices_per_node=comm.world_size, device_memory_gb=memory_gb, peak_tflops=tflops,
-                   params=comm.cost_params(), gemm_efficiency=1.0, memory_gbps=gbps, memory_passes=passes,
-                   optimizer_seconds_per_param=t_opt / n_opt, layer_overhead_seconds=c0,
-                   microbatch_overhead_seconds=mb_overhead, sync_seconds=sync.get(2, 0.0),
-                   sync_seconds_world=sync.get(comm.world_size, 0.0),
+        return cls(nodes=1, devices_per_node=comm.world_size, device_memory_gb=memory_gb,
+                   params=comm.cost_params(), gemm_efficiency=1.0, **alone, shared=shared,
+                   sync_seconds=sync.get(2, 0.0), sync_seconds_world=sync.get(comm.world_size, 0.0),
+                   zero3_unit_seconds=unit.get(2, 0.0), zero3_unit_seconds_world=unit.get(comm.world_size, 0.0),
                    overlap=comm.world_size < cores, cores=cores)
 
 
@@ -576,17 +664,30 @@ class _Collectives:
         self._cm = cost_model
         self._params = cluster.link_params
         self._dpn = cluster.devices_per_node
-        self._sync2 = cluster.sync_seconds
-        self._syncw = cluster.sync_seconds if cluster.sync_seconds_world is None else cluster.sync_seconds_world
+        self._sync = self._pair_world(cluster.sync_seconds, cluster.sync_seconds_world)
+        self._unit = self._pair_world(cluster.zero3_unit_seconds, cluster.zero3_unit_seconds_world)
         self._models = {}
         self._cache = {}
 
+    def _pair_world(self, pair, world):
+        """A figure measured for 2 ranks and for all of a node's devices: linear in
+        between (the world's is the pair's where not measured)."""
+        world = pair if world is None else world
+
+        def at(n):
+            if n <= 2 or self._dpn <= 2:
+                return pair
+            return pair + (world - pair) * min(1.0, (n - 2) / (self._dpn - 2))
+        return at
+
     def sync(self, n):
-        """The scheduling wait of a call among n ranks: sync_seconds for 2, the world's
-        for all of a node's devices, linear in between."""
-        if n <= 2 or self._dpn <= 2:
-            return self._sync2
-        return self._sync2 + (self._syncw - self._sync2) * min(1.0, (n - 2) / (self._dpn - 2))
+        """The scheduling wait of a call among n ranks (Cluster.sync_seconds)."""
+        return self._sync(n)
+
+    def zero3_unit(self, n):
+        """What a ZeRO 3 unit's collective among n ranks adds to the wall time
+        (Cluster.zero3_unit_seconds)."""
+        return self._unit(n)
 
     def _model(self, ranks):
         labels = tuple(r // self._dpn for r in ranks)
@@ -627,7 +728,7 @@ class _Collectives:
         if nbytes <= 0:
             return 0.0
         link = self._params["intra" if a // self._dpn == b // self._dpn else "inter"]
-        return link["alpha"] + nbytes * link["beta"] + self._sync2
+        return link["alpha"] + nbytes * link["beta"] + self._sync(2)
 
 
 def _stages(layers, pp, runtime):
@@ -739,13 +840,21 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
     e = prec["act"]
     per_layer_full = _layer_activation_bytes(model, b, tp, precision, activations)
     f_layer = model.layer_forward_flops_per_token() * tokens / tp
-    t_layer = (f_layer / rate + cluster.layer_overhead_seconds / 3
-               + (per_layer_full * cluster.memory_passes / (cluster.memory_gbps * 1e9) if cluster.memory_gbps
-                  else 0.0))
     # ringcomm's tensor_parallel leaves the embedding and head whole on every TP rank.
     vocab_replicated = runtime == "ringcomm"
     vtp = 1 if vocab_replicated else tp
-    t_logits = model.logits_forward_flops_per_token() * tokens / vtp / rate
+
+    def compute_rates(fig):
+        """(a layer's forward, the logits' forward, a micro-batch's overhead) from a set of
+        the cluster's compute figures (its own, or those of Cluster.shared)."""
+        r = fig["peak_tflops"] * 1e12 * cluster.gemm_efficiency
+        t_l = (f_layer / r + fig["layer_overhead_seconds"] / 3
+               + (per_layer_full * fig["memory_passes"] / (fig["memory_gbps"] * 1e9) if fig["memory_gbps"]
+                  else 0.0))
+        return t_l, model.logits_forward_flops_per_token() * tokens / vtp / r, fig["microbatch_overhead_seconds"]
+
+    own = {k: getattr(cluster, k) for k in Cluster.SHARED_FIELDS}
+    t_layer, t_logits, t_over = compute_rates(own)
     # TP: 2 all_reduces of b s h per layer forward, 2 backward, 2 more to recompute.
     ar = coll.seconds("all_reduce", tp_g, tokens * h * e)
     # PP: an activation forward and a gradient back per micro-batch and boundary (x v).
@@ -754,9 +863,10 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
         hop = max(coll.p2p(pp_g[i], pp_g[i + 1], tokens * h * e / tp) for i in range(pp - 1))
         t_pp = 2 * hop * v + coll.p2p(pp_g[0], pp_g[1], 64) * v  # + the activation's header
 
-    def micro_batch_time(n_layers, head):
-        t_f = n_layers * t_layer + (t_logits if head else 0.0) + cluster.microbatch_overhead_seconds / 3
-        t_b = 2 * t_f + (n_layers * t_layer if recompute else 0.0)
+    def micro_batch_time(n_layers, head, rates=None):
+        t_lay, t_log, t_ov = rates or (t_layer, t_logits, t_over)
+        t_f = n_layers * t_lay + (t_log if head else 0.0) + t_ov / 3
+        t_b = 2 * t_f + (n_layers * t_lay if recompute else 0.0)
         t_tp = n_layers * ar * (6 if recompute else 4)
         return t_f, t_b, t_tp, t_f + t_b + t_tp + t_pp
 
@@ -787,6 +897,7 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
     # How many reductions a step makes: ringcomm's Pipeline reduces once (the last
     # backward; the others run under no_sync), DeepSpeed's ZeRO 2/3 after every micro-batch.
     reductions = m if (runtime != "ringcomm" and zero >= 2) else 1
+    u3 = 0.0
     if zero == 0:
         dp_total = coll.seconds("all_reduce", dp_g, grad_bytes)
         dp_hidden = min(dp_total, t_b)
@@ -795,12 +906,16 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
         # layer: two LayerNorms, qkv, proj, fc1, fc2; and the embedding / head's), each
         # its own collective: their latency counts, not only their bytes.
         units = 6 * layers_per_stage + 2 if zero == 3 else 1
-        rs = units * coll.seconds("reduce_scatter", dp_g, grad_bytes / units) * reductions
+        # Where measured (Cluster.zero3_unit_seconds: ranks sharing cores), what a unit's
+        # collective adds to the wall time replaces the generic scheduling wait.
+        u3 = coll.zero3_unit(len(dp_g)) if zero == 3 else 0.0
+        extra = u3 - coll.sync(len(dp_g)) if u3 else 0.0
+        rs = units * (coll.seconds("reduce_scatter", dp_g, grad_bytes / units) + extra) * reductions
         dp_total, dp_hidden = rs, min(rs, reductions * t_b)  # each reduce under the backward it follows
         if zero in (1, 2):
             dp_total += coll.seconds("all_gather", dp_g, psi * prec["params"])  # after the step
         else:
-            ag = 2 * m * units * coll.seconds("all_gather", dp_g, psi * prec["params"] / units)
+            ag = 2 * m * units * (coll.seconds("all_gather", dp_g, psi * prec["params"] / units) + extra)
             dp_total += ag
             dp_hidden += min(ag, m * (t_f + t_b))  # prefetched under forward and backward
     if not (dp_overlap and cluster.overlap):
@@ -825,9 +940,22 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
             dp_calls = reductions + 1
         else:
             dp_calls = units * (reductions + 2 * m)
-        work = (m * sum(x[3] - w for x, w in zip(per_stage, waits_mb)) / pp + dp_total - dp_calls * s_dp
-                + t_opt)
-        lay.step_seconds = max(lay.step_seconds, cluster.devices_per_node * work / cluster.cores)
+        # ZeRO 3's measured per-unit figure is wall time of ranks running together: on top.
+        wall = dp_calls * u3 if u3 else 0.0
+        comm_work = (m * sum(x[3] - x[0] - x[1] - w for x, w in zip(per_stage, waits_mb)) / pp
+                     + dp_total - dp_calls * (u3 if u3 else s_dp))
+        share = cluster.devices_per_node / cluster.cores
+        if cluster.shared:
+            # The compute as it runs with every device at once (Cluster.shared): wall time.
+            fig = dict(own, **cluster.shared)
+            rates = compute_rates(fig)
+            busy = [micro_batch_time(n, head, rates) for n, _, head in stages]
+            opt_s = (fig["optimizer_seconds_per_param"] or 0.0) * (psi / dp if zero else psi)
+            wall += m * sum(x[0] + x[1] for x in busy) / pp + opt_s
+            work = comm_work
+        else:
+            work = comm_work + m * sum(x[0] + x[1] for x in per_stage) / pp + t_opt
+        lay.step_seconds = max(lay.step_seconds, share * work + wall)
     lay.bubble_seconds = bubble
     lay.bubble_fraction = bubble / lay.step_seconds if lay.step_seconds else 0.0
     flops_model, flops_hw = model.flops(global_batch, recompute)
