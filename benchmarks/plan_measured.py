@@ -59,7 +59,7 @@ def _rank(comm, steps, only):
     from ringcomm.parallel import Cluster, Transformer
 
     model = Transformer(MODEL["layers"], MODEL["hidden"], MODEL["heads"], MODEL["seq"], MODEL["vocab"], tied=False)
-    cluster = Cluster.measured_here(comm, model, precision="fp32")
+    before = Cluster.measured_here(comm, model, precision="fp32", seconds=1.0).as_dict()
     rows = []
     for (tp, pp, dp, zero, m) in (only or layouts(comm.world_size)):
         rep = {"measure": True}
@@ -69,7 +69,17 @@ def _rank(comm, steps, only):
         comm.all_reduce(peak, op="max")
         rows.append({"tp": tp, "pp": pp, "dp": dp, "zero": zero, "microbatches": m,
                      "step_s": rep["step_s"], "peak_bytes": float(peak), "own_peak_bytes": rep["peak_bytes"]})
-    return {"cluster": cluster.as_dict(), "rows": rows}
+    after = Cluster.measured_here(comm, model, precision="fp32", seconds=1.0).as_dict()
+    return {"cluster": _mean(before, after), "before": before, "after": after, "rows": rows}
+
+
+def _mean(a, b):
+    """The mean of two measurements of the cluster (numbers averaged, the rest: a's)."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return {k: _mean(a[k], b[k]) for k in a}
+    if isinstance(a, float) and isinstance(b, float):
+        return (a + b) / 2
+    return a
 
 
 def predict(world, cluster_info, row):
@@ -116,9 +126,20 @@ def main(argv=None):
             res = run(_rank, world, args.steps, only, timeout=3600)
             if args.json:  # the measurements first: a planner change can be checked against them
                 with open(args.json + ".raw", "w") as f:
-                    json.dump([dict(r, world=world, cluster=res[0]["cluster"]) for r in res[0]["rows"]], f)
+                    json.dump([dict(r, world=world, cluster=res[0]["cluster"], cluster_before=res[0]["before"],
+                                    cluster_after=res[0]["after"]) for r in res[0]["rows"]], f)
         info = res[0]["cluster"]
-        print(f"# world {world}: measured here: {json.dumps(info)}")
+        spread = {"cluster_before": res[0]["before"], "cluster_after": res[0]["after"]} if "before" in res[0] else {}
+        print(f"# world {world}: measured here (the mean of a measurement before and one after the training): "
+              f"{json.dumps(info)}")
+        if spread:
+            a, b = spread["cluster_before"], spread["cluster_after"]
+            keys = [k for k in ("peak_tflops", "memory_passes", "layer_overhead_seconds", "microbatch_overhead_seconds",
+                                "optimizer_seconds_per_param", "sync_seconds", "zero3_unit_seconds") if a.get(k)]
+            drift = ", ".join(f"{k} {b[k] / a[k] - 1:+.0%}" for k in keys)
+            sa, sb = a.get("shared") or {}, b.get("shared") or {}
+            drift += ", shared: " + ", ".join(f"{k} {sb[k] / sa[k] - 1:+.0%}" for k in sa if sa[k] and sb.get(k))
+            print(f"# world {world}: after against before: {drift}")
         print(f"{'tp':>3} {'pp':>3} {'dp':>3} {'zero':>4} {'m':>2} {'b':>2} | {'measured ms':>11} {'predicted':>9} "
               f"{'err':>6} | {'measured MB':>11} {'predicted':>9} {'err':>6}")
         rows = []
@@ -128,7 +149,7 @@ def main(argv=None):
             pred = lay.step_seconds
             mem = row["peak_bytes"]
             pmem = lay.memory_bytes["total"]
-            r = dict(row, world=world, cluster=info, measured_s=meas, predicted_s=pred, predicted_bytes=pmem,
+            r = dict(row, **spread, world=world, cluster=info, measured_s=meas, predicted_s=pred, predicted_bytes=pmem,
                      predicted_memory=lay.memory_bytes, time_error=pred / meas - 1, memory_error=pmem / mem - 1)
             rows.append(r)
             print(f"{row['tp']:>3} {row['pp']:>3} {row['dp']:>3} {row['zero']:>4} {row['microbatches']:>2} "

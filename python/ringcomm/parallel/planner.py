@@ -222,6 +222,10 @@ class Cluster:
     # at `memory_gbps` (0: not modelled).
     memory_gbps: float = 0.0
     memory_passes: float = 0.0
+    # Where a layer's activations outgrow the caches: `memory_passes_beyond` passes over
+    # the bytes beyond `memory_passes_bytes` of a layer (None: memory_passes throughout).
+    memory_passes_beyond: Optional[float] = None
+    memory_passes_bytes: float = 0.0
     # The optimizer's step: seconds per parameter of the shard a device updates (None:
     # 28 bytes of Adam's traffic per parameter at memory_gbps, 0 without memory_gbps).
     optimizer_seconds_per_param: Optional[float] = None
@@ -258,8 +262,8 @@ class Cluster:
     zero3_unit_seconds: float = 0.0
     zero3_unit_seconds_world: Optional[float] = None
 
-    SHARED_FIELDS = ("peak_tflops", "memory_gbps", "memory_passes", "layer_overhead_seconds",
-                     "microbatch_overhead_seconds", "optimizer_seconds_per_param")
+    SHARED_FIELDS = ("peak_tflops", "memory_gbps", "memory_passes", "memory_passes_beyond",
+                     "layer_overhead_seconds", "microbatch_overhead_seconds", "optimizer_seconds_per_param")
 
     def __post_init__(self):
         for name in ("nodes", "devices_per_node"):
@@ -271,8 +275,10 @@ class Cluster:
                 raise ValueError(f"Cluster: {name} must be positive, got {getattr(self, name)!r}")
         if not 0 < self.gemm_efficiency <= 1 or not 0 < self.usable_fraction <= 1:
             raise ValueError("Cluster: gemm_efficiency and usable_fraction must be in (0, 1]")
-        if self.memory_gbps < 0 or self.memory_passes < 0:
-            raise ValueError("Cluster: memory_gbps and memory_passes must be >= 0")
+        if self.memory_gbps < 0 or self.memory_passes < 0 or self.memory_passes_bytes < 0:
+            raise ValueError("Cluster: memory_gbps, memory_passes and memory_passes_bytes must be >= 0")
+        if self.memory_passes_beyond is not None and not self.memory_passes_beyond >= 0:
+            raise ValueError(f"Cluster: memory_passes_beyond must be >= 0 or None, got {self.memory_passes_beyond!r}")
         if self.optimizer_seconds_per_param is not None and not self.optimizer_seconds_per_param >= 0:
             raise ValueError("Cluster: optimizer_seconds_per_param must be >= 0")
         for name in ("layer_overhead_seconds", "microbatch_overhead_seconds", "sync_seconds"):
@@ -291,6 +297,8 @@ class Cluster:
                 raise ValueError(f"Cluster: shared has unknown fields {sorted(unknown)} (known: "
                                  f"{', '.join(self.SHARED_FIELDS)})")
             for k, v in self.shared.items():
+                if k == "memory_passes_beyond" and v is None:
+                    continue
                 ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
                 if not ok or (k == "peak_tflops" and not v > 0):
                     raise ValueError(f"Cluster: shared[{k!r}] must be a number >= 0 (peak_tflops > 0), "
@@ -381,11 +389,12 @@ class Cluster:
         h, f, s = model.hidden, model.f, model.seq_len
         b = micro_batch or 4
 
-        def timed(fn, together=False):
+        def timed(fn, together=False, value=False):
             # Alone: rank 0 measures, the others wait; the median call. Together: every
             # rank calls fn for the same time at once (fn holds no collective: the counts
             # may differ); the mean call, as the time slices fall (a call the scheduler
-            # interrupts is part of the rate: a median would leave it out).
+            # interrupts is part of the rate: a median would leave it out). value: fn
+            # returns the figure itself.
             out = torch.zeros(1, dtype=torch.float64)
             comm.barrier()
             if together or comm.rank == 0:
@@ -394,8 +403,8 @@ class Cluster:
                 t0 = time.perf_counter()
                 while time.perf_counter() - t0 < seconds or len(times) < 3:
                     t1 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t1)
+                    got = fn()
+                    times.append(got if value else time.perf_counter() - t1)
                 out[0] = sum(times) / len(times) if together else sorted(times)[len(times) // 2]
             if together:
                 comm.all_reduce(out)
@@ -421,27 +430,40 @@ class Cluster:
         opt.step()
 
         def layer_line(together):
-            # One real layer at 1 and 16 sequences, t(b) = c0 + c1 b through both: c0 the
-            # per-op cost that does not grow with the batch (the interpreter and dispatch
-            # here; kernel launches on a GPU). (Through both ends, the line is within 8%
-            # of the layer at 4 and 8 here; a least-squares line missed b = 1 by 30%.)
+            # One real layer at 1, 16 and 32 sequences, t(b) = c0 + c1 b through the first
+            # two: c0 the per-op cost that does not grow with the batch (the interpreter
+            # and dispatch here; kernel launches on a GPU). (Through both ends, the line is
+            # within 8% of the layer at 4 and 8 here; a least-squares line missed b = 1 by
+            # 30%.) Beyond 16, slope c2 (at 32 sequences the layer ran 28% above the line
+            # here: its activations leave the caches).
             per_b = []
-            for bb in sizes:
+            for bb in sizes + (2 * sizes[1],):
                 inp = torch.randn(bb, s, h, dtype=dtype, requires_grad=True)
                 per_b.append(timed(lambda: block(inp).sum().backward(), together))
             c1 = max(0.0, (per_b[1] - per_b[0]) / (sizes[1] - sizes[0]))
-            return per_b, max(0.0, per_b[0] - c1), c1
+            c2 = max(0.0, (per_b[2] - per_b[1]) / sizes[1])
+            return max(0.0, per_b[0] - c1), c1, c2
 
-        def rest(per_b, tflops, together):
+        def rest(tflops, together):
             # A micro-batch's cost beyond its layers and logits GEMMs: embedding, final
             # LayerNorm, loss, the backward's start -- a two-layer model of these shapes
-            # at 1 and 16 sequences, less its layers.
+            # at 1 and 16 sequences, less two of its layers run alone, call by call in
+            # turns (a small difference of large times: taken pairwise, so that a drift
+            # of the machine's speed falls on both).
             out = []
-            for bb, t_layer in zip(sizes, per_b):
+            for bb in sizes:
                 tok = torch.randint(0, model.vocab, (bb, s))
-                t_two = timed(lambda: _models.lm_loss(two(tok).float(), tok).backward(), together)
-                logits = 3 * model.logits_forward_flops_per_token() * bb * s / (tflops * 1e12)
-                out.append(t_two - 2 * t_layer - logits)
+                inp = torch.randn(bb, s, h, dtype=dtype, requires_grad=True)
+
+                def pair():
+                    t0 = time.perf_counter()
+                    _models.lm_loss(two(tok).float(), tok).backward()
+                    t1 = time.perf_counter()
+                    block(block(inp)).sum().backward()
+                    return (t1 - t0) - (time.perf_counter() - t1)
+
+                diff = timed(pair, together, value=True)
+                out.append(diff - 3 * model.logits_forward_flops_per_token() * bb * s / (tflops * 1e12))
             return max(0.0, sum(out) / len(out))
 
         # Alone: the GEMMs' rate, the copy bandwidth, the layer's line; what c1 takes beyond
@@ -449,20 +471,26 @@ class Cluster:
         # over the activation bytes at memory_gbps.
         tflops = gemm_flops / timed(lambda: [xs[k] @ w for (k, _), w in zip(shapes, ws)]) / 1e12
         gbps = 2 * src.numel() * 4 / timed(lambda: dst.copy_(src)) / 1e9
-        per_b, c0, c1 = layer_line(False)
+        c0, c1, c2 = layer_line(False)
         flops_fb = 3 * model.layer_forward_flops_per_token() * s  # one sequence
         act = _layer_activation_bytes(model, 1, 1, precision, "fused")
-        passes = max(0.0, (c1 - flops_fb / (tflops * 1e12)) / 3 / (act / (gbps * 1e9)))
+
+        def passes_of(slope, tf, gb):
+            return max(0.0, (slope - flops_fb / (tf * 1e12)) / 3 / (act / (gb * 1e9)))
+
+        passes = passes_of(c1, tflops, gbps)
         alone = {"peak_tflops": tflops, "memory_gbps": gbps, "memory_passes": passes,
-                 "layer_overhead_seconds": c0, "microbatch_overhead_seconds": rest(per_b, tflops, False),
+                 "memory_passes_beyond": passes_of(c2, tflops, gbps),
+                 "layer_overhead_seconds": c0, "microbatch_overhead_seconds": rest(tflops, False),
                  "optimizer_seconds_per_param": timed(opt.step) / n_opt}
         # Together: the layer's line again; its per-sequence part slows by k = c1'/c1, the
         # GEMMs and the memory-bound work alike (their split is the one measured alone:
         # rates divided by k), its fixed part is the line's own.
-        per_s, c0_s, c1_s = layer_line(True)
+        c0_s, c1_s, c2_s = layer_line(True)
         k = c1_s / c1 if c1 > 0 else 1.0
         shared = {"peak_tflops": tflops / k, "memory_gbps": gbps / k, "memory_passes": passes,
-                  "layer_overhead_seconds": c0_s, "microbatch_overhead_seconds": rest(per_s, tflops / k, True),
+                  "memory_passes_beyond": passes_of(c2_s, tflops / k, gbps / k),
+                  "layer_overhead_seconds": c0_s, "microbatch_overhead_seconds": rest(tflops / k, True),
                   "optimizer_seconds_per_param": timed(opt.step, True) / n_opt}
 
         def group_of(g):
@@ -541,6 +569,7 @@ class Cluster:
             memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9 / comm.world_size
         return cls(nodes=1, devices_per_node=comm.world_size, device_memory_gb=memory_gb,
                    params=comm.cost_params(), gemm_efficiency=1.0, **alone, shared=shared,
+                   memory_passes_bytes=sizes[1] * act,
                    sync_seconds=sync.get(2, 0.0), sync_seconds_world=sync.get(comm.world_size, 0.0),
                    zero3_unit_seconds=unit.get(2, 0.0), zero3_unit_seconds_world=unit.get(comm.world_size, 0.0),
                    overlap=comm.world_size < cores, cores=cores)
@@ -568,6 +597,10 @@ class Layout:
     optimizer_seconds: float = 0.0
     comm_seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
     hidden_seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
+    # The step's bounds: "critical_path" (the pipeline, the exposed communication, the
+    # optimizer) and, for devices sharing cores, "cores" (the node's work as it runs
+    # together); step_seconds is the larger.
+    bounds_seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
     global_batch: int = 0
     sources: Dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -848,9 +881,13 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
         """(a layer's forward, the logits' forward, a micro-batch's overhead) from a set of
         the cluster's compute figures (its own, or those of Cluster.shared)."""
         r = fig["peak_tflops"] * 1e12 * cluster.gemm_efficiency
+        beyond, edge = fig["memory_passes_beyond"], cluster.memory_passes_bytes
+        if beyond is None or not edge:
+            passes_bytes = per_layer_full * fig["memory_passes"]
+        else:  # the bytes past the caches' edge at their own rate
+            passes_bytes = min(per_layer_full, edge) * fig["memory_passes"] + max(0.0, per_layer_full - edge) * beyond
         t_l = (f_layer / r + fig["layer_overhead_seconds"] / 3
-               + (per_layer_full * fig["memory_passes"] / (fig["memory_gbps"] * 1e9) if fig["memory_gbps"]
-                  else 0.0))
+               + (passes_bytes / (fig["memory_gbps"] * 1e9) if fig["memory_gbps"] else 0.0))
         return t_l, model.logits_forward_flops_per_token() * tokens / vtp / r, fig["microbatch_overhead_seconds"]
 
     own = {k: getattr(cluster, k) for k in Cluster.SHARED_FIELDS}
@@ -927,6 +964,7 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
     lay.compute_seconds = m * (t_f + t_b)
     lay.optimizer_seconds = t_opt
     lay.step_seconds = t_pipe + (dp_total - dp_hidden) + t_opt
+    lay.bounds_seconds = {"critical_path": lay.step_seconds}
     if cluster.cores:
         # Devices sharing processors: the node's work over its cores bounds the step too.
         # Waiting for a peer to be scheduled holds no core: the node's work leaves it out.
@@ -955,6 +993,7 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
             work = comm_work
         else:
             work = comm_work + m * sum(x[0] + x[1] for x in per_stage) / pp + t_opt
+        lay.bounds_seconds["cores"] = share * work + wall
         lay.step_seconds = max(lay.step_seconds, share * work + wall)
     lay.bubble_seconds = bubble
     lay.bubble_fraction = bubble / lay.step_seconds if lay.step_seconds else 0.0
