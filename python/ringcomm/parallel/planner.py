@@ -23,14 +23,23 @@ The formulas and where they come from (every Layout carries them in `sources`):
   (`hardware_tflops_per_device`, what Narayanan et al. report).
 - compute time: FLOPs / (peak x gemm_efficiency), per stage and micro-batch, plus the
   memory-bound work: memory_passes x a layer's activation bytes (Korthikanti et al.)
-  at memory_gbps; the last stage also computes the logits. Per micro-batch and stage a
-  fixed cost besides (Cluster.layer_overhead_seconds a layer, microbatch_overhead_seconds
-  a stage: launches and dispatch that do not grow with the batch; 0 unless measured).
+  at memory_gbps (memory_passes_beyond x the bytes past memory_passes_bytes, where
+  measured: activations that leave the caches); the last stage also computes the
+  logits. Per micro-batch and stage a fixed cost besides (Cluster.layer_overhead_seconds
+  a layer, microbatch_overhead_seconds a stage: launches and dispatch that do not grow
+  with the batch; 0 unless measured).
 - optimizer: the step over the parameters the device updates (its shard under ZeRO),
   optimizer_seconds_per_param, or Adam's 28 bytes per parameter at memory_gbps.
 - devices that share processors (Cluster.cores: CPU ranks): the step is at least the
   node's work -- every device's compute, communication and optimizer step -- over the
-  cores, and each collective or message waits sync_seconds more (a peer off the core).
+  cores (with Cluster.shared, the compute timed as it runs with every device at once:
+  the time slicing and the contention for caches and memory in it), and each
+  collective or message waits sync_seconds more (a peer off the core); under ZeRO 3
+  each unit's gather or reduction adds zero3_unit_seconds of wall time where measured
+  (the hooks, the waits, the rescheduling of ranks that share cores). The step is the
+  larger of the two bounds (Layout.bounds_seconds): where a pipeline's bubble leaves
+  cores idle the truth lies above both, and this model under-predicts (by up to ~25%
+  measured here).
 - pipeline (1F1B, Narayanan et al. 2021 sec. 2.2): a step is (m + (p-1)/v) micro-batch
   times of the slowest stage, the bubble (p-1)/v of them (m micro-batches, v
   interleaved chunks per stage); interleaving multiplies the stage-to-stage traffic by v.
@@ -362,6 +371,10 @@ class Cluster:
           per-op cost that does not grow with the batch: the interpreter and dispatch),
           memory_passes what c1 takes beyond the GEMMs at that rate, in passes over the
           layer's activation bytes at memory_gbps (LayerNorms, softmax, GELU, residuals);
+          memory_passes_beyond the same from 16 to 32 sequences (memory_passes_bytes: a
+          16-sequence layer's activation bytes);
+        - microbatch_overhead_seconds: a two-layer model of these shapes against two of
+          its layers alone, call by call in turns, less the logits' GEMMs;
         - optimizer_seconds_per_param: a step of torch's AdamW;
         - the links: comm's own cost model; overlap: off when there are at least as many
           ranks as cores (the copies run on the cores that compute);
@@ -369,8 +382,9 @@ class Cluster:
 
         Each figure is rank 0's median over repeats of about `seconds`, the other ranks
         waiting: the rate of a rank with a core to itself. `shared`: the same figures
-        with every rank measuring at once, each rank's median averaged over the ranks
-        (the rate of a rank while the node is busy: the time slicing and the contention
+        with every rank measuring at once for ranks / cores times as long, each rank's
+        mean averaged over the ranks (the rate of a rank while the node is busy: the
+        time slicing and the contention
         for caches and memory are in it). cores: the processors this process may run on,
         which every rank shares (the step's second bound). sync_seconds and
         zero3_unit_seconds (every rank at once, in pairs and in one group of the world):
@@ -388,6 +402,7 @@ class Cluster:
         dtype = _torch_dtype(precision)
         h, f, s = model.hidden, model.f, model.seq_len
         b = micro_batch or 4
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
         def timed(fn, together=False, value=False):
             # Alone: rank 0 measures, the others wait; the median call. Together: every
@@ -401,7 +416,9 @@ class Cluster:
                 fn()
                 times = []
                 t0 = time.perf_counter()
-                while time.perf_counter() - t0 < seconds or len(times) < 3:
+                # Together, ranks / cores times as long: as many calls as alone.
+                window = seconds * (max(1.0, comm.world_size / cores) if together else 1.0)
+                while time.perf_counter() - t0 < window or len(times) < 3:
                     t1 = time.perf_counter()
                     got = fn()
                     times.append(got if value else time.perf_counter() - t1)
@@ -564,7 +581,6 @@ class Cluster:
             if group is not comm:
                 group.close()
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if memory_gb is None:
             memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9 / comm.world_size
         return cls(nodes=1, devices_per_node=comm.world_size, device_memory_gb=memory_gb,
