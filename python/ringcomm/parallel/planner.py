@@ -384,9 +384,9 @@ class Cluster:
         waiting: the rate of a rank with a core to itself. `shared`: the same figures
         with every rank measuring at once for ranks / cores times as long, each rank's
         mean averaged over the ranks (the rate of a rank while the node is busy: the
-        time slicing and the contention
-        for caches and memory are in it). cores: the processors this process may run on,
-        which every rank shares (the step's second bound). sync_seconds and
+        time slicing and the contention for caches and memory are in it). cores: the
+        processors this process may run on, which every rank shares (the step's second
+        bound). sync_seconds and
         zero3_unit_seconds (every rank at once, in pairs and in one group of the world):
         what a collective between bursts of compute, and a ZeRO 3 unit's gather or
         reduction, add to the wall time."""
