@@ -2,7 +2,7 @@
 (each in {1, 2, 4}), ZeRO 0-3 and 1-8 micro-batches of examples/train_3d.py at world 4
 and 8, predicted step time and memory per rank beside the measured ones.
 
-    python benchmarks/plan_measured.py --world 4 --world 8 [--steps 4] [--json out.json]
+    python benchmarks/plan_measured.py --world 4 --world 8 [--steps 8] [--passes 2] [--json out.json]
 
 Each world is one spawned group of ranks (torch's import is paid once); it first
 measures this machine as the planner's Cluster (Cluster.measured_here: the model's
@@ -12,10 +12,13 @@ the node's work as it runs together), the wait a collective adds between bursts 
 compute, what a ZeRO 3 unit's gather or reduction adds, the links of the
 communicator's own cost model), then trains every layout for --steps steps (fp32,
 AdamW, 1F1B; the first step warms up, the others are timed from a barrier, the
-slowest rank's time, median). Memory: each rank's peak
-C-heap bytes in use during step 1 above what it held before building its model
-(ringcomm.bench.heap), the largest over ranks, against the planner's total for the
-first stage's device (the fullest). The pick: the planner's fastest layout, and its
+slowest rank's time), --passes times over, odd passes in reverse order, and measures
+the cluster again after each pass: a layout's step time is the median of its timed
+steps over the passes, the cluster the mean of its measurements (the machine's speed
+drifts over a run; the output prints how far the last measurement is from the first).
+Memory: each rank's peak C-heap bytes in use during step 1 of the first pass above what
+it held before building its model (ringcomm.bench.heap), the largest over ranks,
+against the planner's total for the first stage's device (the fullest). The pick: the planner's fastest layout, and its
 measured time against the fastest measured.
 """
 import argparse
@@ -52,34 +55,55 @@ def layouts(world):
     return out
 
 
-def _rank(comm, steps, only):
+def _rank(comm, steps, only, passes=1):
     import torch
 
     import train_3d
     from ringcomm.parallel import Cluster, Transformer
 
     model = Transformer(MODEL["layers"], MODEL["hidden"], MODEL["heads"], MODEL["seq"], MODEL["vocab"], tied=False)
-    before = Cluster.measured_here(comm, model, precision="fp32", seconds=1.0).as_dict()
-    rows = []
-    for (tp, pp, dp, zero, m) in (only or layouts(comm.world_size)):
-        rep = {"measure": True}
-        train_3d.train(comm, tp, pp, dp, zero=zero, report=rep, steps=steps, microbatches=m,
-                       batch=GLOBAL_BATCH, **MODEL)
-        peak = torch.tensor([float(rep["peak_bytes"])], dtype=torch.float64)
-        comm.all_reduce(peak, op="max")
-        rows.append({"tp": tp, "pp": pp, "dp": dp, "zero": zero, "microbatches": m,
-                     "step_s": rep["step_s"], "peak_bytes": float(peak), "own_peak_bytes": rep["peak_bytes"]})
-    after = Cluster.measured_here(comm, model, precision="fp32", seconds=1.0).as_dict()
-    return {"cluster": _mean(before, after), "before": before, "after": after, "rows": rows}
+
+    def calibrate():
+        return Cluster.measured_here(comm, model, precision="fp32", seconds=1.0).as_dict()
+
+    clusters = [calibrate()]
+    todo = only or layouts(comm.world_size)
+    rows = {}
+    for n in range(passes):
+        # Every pass trains every layout; odd passes in reverse order (a drift of the
+        # machine's speed then falls on early and late layouts alike).
+        for (tp, pp, dp, zero, m) in (todo if n % 2 == 0 else todo[::-1]):
+            rep = {"measure": True}
+            train_3d.train(comm, tp, pp, dp, zero=zero, report=rep, steps=steps, microbatches=m,
+                           batch=GLOBAL_BATCH, **MODEL)
+            row = rows.get((tp, pp, dp, zero, m))
+            if row is None:  # memory: the first pass's (the later ones reuse what it allocated)
+                peak = torch.tensor([float(rep["peak_bytes"])], dtype=torch.float64)
+                comm.all_reduce(peak, op="max")
+                row = rows[(tp, pp, dp, zero, m)] = {
+                    "tp": tp, "pp": pp, "dp": dp, "zero": zero, "microbatches": m, "step_s": rep["step_s"],
+                    "step_s_passes": [], "peak_bytes": float(peak), "own_peak_bytes": rep["peak_bytes"]}
+            row["step_s_passes"].append(rep["step_s"])
+        clusters.append(calibrate())
+    return {"cluster": _mean(clusters), "clusters": clusters, "before": clusters[0], "after": clusters[-1],
+            "rows": [rows[k] for k in todo]}
 
 
-def _mean(a, b):
-    """The mean of two measurements of the cluster (numbers averaged, the rest: a's)."""
-    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-        return {k: _mean(a[k], b[k]) for k in a}
-    if isinstance(a, float) and isinstance(b, float):
-        return (a + b) / 2
+def _mean(xs):
+    """The mean of measurements of the cluster (numbers averaged, the rest: the first's)."""
+    a = xs[0]
+    if isinstance(a, dict) and all(isinstance(x, dict) and x.keys() == a.keys() for x in xs):
+        return {k: _mean([x[k] for x in xs]) for k in a}
+    if all(isinstance(x, float) for x in xs):
+        return sum(xs) / len(xs)
     return a
+
+
+def measured_seconds(row):
+    """A layout's step time: the median of every pass's timed steps (the first step of a
+    pass warms up)."""
+    runs = row.get("step_s_passes") or [row["step_s"]]
+    return statistics.median([t for run in runs for t in run[1:]])
 
 
 def predict(world, cluster_info, row):
@@ -98,7 +122,10 @@ def predict(world, cluster_info, row):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, action="append", help="world sizes (default 4 and 8)")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="train every layout this many times, alternating the order, and calibrate after each "
+                         "pass (the step time: the median over the passes' steps; the cluster: the mean)")
     ap.add_argument("--json", help="write every row (measured and predicted) here")
     ap.add_argument("--only", help="tp,pp,dp,zero,m[;...]: just these layouts")
     ap.add_argument("--measured", help="predict against the measurements of an earlier --json instead of "
@@ -123,14 +150,15 @@ def main(argv=None):
         if world in earlier:
             res = [earlier[world]]
         else:
-            res = run(_rank, world, args.steps, only, timeout=3600)
+            res = run(_rank, world, args.steps, only, args.passes, timeout=7200)
             if args.json:  # the measurements first: a planner change can be checked against them
                 with open(args.json + ".raw", "w") as f:
                     json.dump([dict(r, world=world, cluster=res[0]["cluster"], cluster_before=res[0]["before"],
                                     cluster_after=res[0]["after"]) for r in res[0]["rows"]], f)
         info = res[0]["cluster"]
         spread = {"cluster_before": res[0]["before"], "cluster_after": res[0]["after"]} if "before" in res[0] else {}
-        print(f"# world {world}: measured here (the mean of a measurement before and one after the training): "
+        print(f"# world {world}: measured here (the mean of the measurements before the training and after each "
+              f"pass): "
               f"{json.dumps(info)}")
         if spread:
             a, b = spread["cluster_before"], spread["cluster_after"]
@@ -145,7 +173,7 @@ def main(argv=None):
         rows = []
         for row in res[0]["rows"]:
             lay = predict(world, info, row)
-            meas = statistics.median(row["step_s"][1:])
+            meas = measured_seconds(row)
             pred = lay.step_seconds
             mem = row["peak_bytes"]
             pmem = lay.memory_bytes["total"]
