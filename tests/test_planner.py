@@ -277,6 +277,11 @@ def test_shared_cores_figures_and_zero3_units():
     units = 6 * 2 + 2  # two layers a stage (stage_bounds: 3 of the 6 modules each), + 2
     calls = units * (1 + 2 * before.microbatches)
     assert after.step_seconds - before.step_seconds == pytest.approx(calls * 1e-3, rel=0.05)
+    # A partial shared set: the rest from the cluster's own figures (the optimizer's
+    # step by Adam's bytes, time-sliced, where no rate is given).
+    partial = plan(m, Cluster(**dict(base, optimizer_seconds_per_param=None), shared={"peak_tflops": 0.05}), 16,
+                   **kw)[0]
+    assert partial.optimizer_seconds > 0 and partial.bounds_seconds["cores"] > k * partial.optimizer_seconds
     # What a Cluster refuses, and the round trip.
     with pytest.raises(ValueError, match="shared has unknown fields"):
         Cluster(**base, shared={"tflops": 1.0})

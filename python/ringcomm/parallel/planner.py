@@ -1004,7 +1004,8 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
             fig = dict(own, **cluster.shared)
             rates = compute_rates(fig)
             busy = [micro_batch_time(n, head, rates) for n, _, head in stages]
-            opt_s = (fig["optimizer_seconds_per_param"] or 0.0) * (psi / dp if zero else psi)
+            per_param = fig["optimizer_seconds_per_param"]
+            opt_s = share * t_opt if per_param is None else per_param * (psi / dp if zero else psi)
             wall += m * sum(x[0] + x[1] for x in busy) / pp + opt_s
             work = comm_work
         else:
