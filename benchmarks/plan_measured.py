@@ -18,8 +18,8 @@ steps over the passes, the cluster the mean of its measurements (the machine's s
 drifts over a run; the output prints how far the last measurement is from the first).
 Memory: each rank's peak C-heap bytes in use during step 1 of the first pass above what
 it held before building its model (ringcomm.bench.heap), the largest over ranks,
-against the planner's total for the first stage's device (the fullest). The pick: the planner's fastest layout, and its
-measured time against the fastest measured.
+against the planner's total for the first stage's device (the fullest). The pick: the
+planner's fastest layout, and its measured time against the fastest measured.
 """
 import argparse
 import json
@@ -158,8 +158,7 @@ def main(argv=None):
         info = res[0]["cluster"]
         spread = {"cluster_before": res[0]["before"], "cluster_after": res[0]["after"]} if "before" in res[0] else {}
         print(f"# world {world}: measured here (the mean of the measurements before the training and after each "
-              f"pass): "
-              f"{json.dumps(info)}")
+              f"pass): {json.dumps(info)}")
         if spread:
             a, b = spread["cluster_before"], spread["cluster_after"]
             keys = [k for k in ("peak_tflops", "memory_passes", "layer_overhead_seconds", "microbatch_overhead_seconds",

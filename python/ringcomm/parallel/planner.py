@@ -404,6 +404,9 @@ class Cluster:
         b = micro_batch or 4
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
+        def mid(xs):
+            return sorted(xs)[len(xs) // 2]
+
         def timed(fn, together=False, value=False):
             # Alone: rank 0 measures, the others wait; the median call. Together: every
             # rank calls fn for the same time at once (fn holds no collective: the counts
@@ -422,7 +425,7 @@ class Cluster:
                     t1 = time.perf_counter()
                     got = fn()
                     times.append(got if value else time.perf_counter() - t1)
-                out[0] = sum(times) / len(times) if together else sorted(times)[len(times) // 2]
+                out[0] = sum(times) / len(times) if together else mid(times)
             if together:
                 comm.all_reduce(out)
                 return float(out[0]) / comm.world_size
@@ -564,8 +567,7 @@ class Cluster:
             units = len(zs[3].units)
             for z in zs.values():
                 z.remove_hooks()
-            out = torch.tensor([sorted(times[3])[len(times[3]) // 2] - sorted(times[1])[len(times[1]) // 2]],
-                               dtype=torch.float64)
+            out = torch.tensor([mid(times[3]) - mid(times[1])], dtype=torch.float64)
             comm.all_reduce(out)
             return max(0.0, float(out[0]) / comm.world_size / (3 * units))
 
@@ -875,7 +877,6 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
     lay = Layout(tp=tp, pp=pp, dp=dp, zero_stage=zero, micro_batch=b, interleave=v, recompute=recompute,
                  microbatches=m, global_batch=global_batch, sources=dict(SOURCES))
     h, s, a, V, L = model.hidden, model.seq_len, model.heads, model.vocab, model.layers
-    rate = cluster.peak_tflops * 1e12 * cluster.gemm_efficiency
     tp_groups, pp_groups, dp_groups = layout_ranks(cluster.devices, tp, pp, dp)
     tp_g, pp_g, dp_g = tp_groups[0], pp_groups[0], dp_groups[0]
     tokens = b * s
@@ -1011,7 +1012,7 @@ def _predict(model, cluster, coll, global_batch, tp, pp, dp, b, m, v, zero, reco
         else:
             work = comm_work + m * sum(x[0] + x[1] for x in per_stage) / pp + t_opt
         lay.bounds_seconds["cores"] = share * work + wall
-        lay.step_seconds = max(lay.step_seconds, share * work + wall)
+        lay.step_seconds = max(lay.bounds_seconds.values())
     lay.bubble_seconds = bubble
     lay.bubble_fraction = bubble / lay.step_seconds if lay.step_seconds else 0.0
     flops_model, flops_hw = model.flops(global_batch, recompute)
