@@ -60,6 +60,8 @@ class HeapPeak:
     beyond one Python call each."""
 
     def __init__(self, module, baseline=0):
+        from ringcomm.parallel.hooks import weak_hook  # (the hooks must not keep the probe alive)
+
         self.baseline = baseline
         self.peak = 0
         self._armed = False
@@ -68,7 +70,7 @@ class HeapPeak:
             self._handles.append(m.register_forward_hook(self._on_forward))
         for p in module.parameters():
             if p.requires_grad:
-                self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+                self._handles.append(p.register_post_accumulate_grad_hook(weak_hook(self._on_grad)))
 
     def _on_forward(self, module, args, output):
         self.sample()

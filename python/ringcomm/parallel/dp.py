@@ -19,6 +19,8 @@ from collections import defaultdict
 import torch
 import torch.nn as nn
 
+from ringcomm.parallel.hooks import weak_hook
+
 
 class _Bucket:
     __slots__ = ("index", "params", "views", "flat", "ready", "work")
@@ -90,7 +92,7 @@ class DataParallel(nn.Module):
         self._names = {id(p): n for n, p in module.named_parameters()}
         self.broadcast_buffers = broadcast_buffers
         self.resync()
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+        self._handles = [p.register_post_accumulate_grad_hook(weak_hook(self._on_grad)) for p in params]
 
     # -- set-up -----------------------------------------------------------------
     def _make_buckets(self, params):

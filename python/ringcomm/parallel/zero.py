@@ -75,6 +75,7 @@ import torch.nn as nn
 
 from ringcomm.parallel import clip
 from ringcomm.parallel.dp import broadcast_tensors
+from ringcomm.parallel.hooks import weak_hook
 
 _MIXED = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
           "float16": torch.float16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
@@ -215,7 +216,7 @@ class ZeroDataParallel(nn.Module):
         self._reduced = False   # step()'s reductions done (clip_grad_norm_ ran them)
         self._order = list(self.units)   # stage 3: the last forward's unit order
         self._cur_order = None
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+        self._handles = [p.register_post_accumulate_grad_hook(weak_hook(self._on_grad)) for p in params]
         if stage == 3:
             for u in self.units:
                 self._handles.append(u.module.register_forward_pre_hook(
@@ -354,8 +355,11 @@ class ZeroDataParallel(nn.Module):
         if torch.is_grad_enabled():
             t = _first_grad_tensor(output)
             if t is not None:
-                t.register_hook(lambda g, u=u: self._pre_backward(u))
+                t.register_hook(weak_hook(self._pre_backward_hook, u))
         self._free(u)
+
+    def _pre_backward_hook(self, u, grad):
+        self._pre_backward(u)  # the gradient passes unchanged
 
     def _pre_backward(self, u):
         self._ensure(u)
