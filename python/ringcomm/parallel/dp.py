@@ -12,6 +12,10 @@ Buckets are issued strictly in bucket order, so every rank issues the same seque
 of collectives even where hooks fire in a different order. finish() (or the
 optimizer step, see attach_optimizer) issues buckets that never became ready (unused
 parameters count as zero gradients) and waits for all of them.
+
+The hooks hold the wrapper weakly (parallel/hooks.py): it is freed, with its buckets,
+when its last reference goes, and from then on the module's gradients are no longer
+reduced. Keep the wrapper (as torch's DistributedDataParallel) while training through it.
 """
 import contextlib
 from collections import defaultdict
