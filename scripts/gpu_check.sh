@@ -109,10 +109,13 @@ note() {
   [ "$status" != FAIL ] || echo "$step: $*" >> "$W/problems.txt"
   echo "gpu_check: $status $step $*"
 }
+# The archive goes first and summary.txt last, each written aside and renamed into
+# place: whatever summary.txt says, the archive beside it is at least that far on,
+# even for a run killed between the two.
 archive() {
-  cp "$W/summary.txt" "$OUT/summary.txt" 2>/dev/null
   tar -C "$WORKROOT" -czf "$OUT/gpu_check.tar.gz.part" gpu_check 2>/dev/null &&
     mv -f "$OUT/gpu_check.tar.gz.part" "$OUT/gpu_check.tar.gz"
+  cp "$W/summary.txt" "$OUT/summary.txt.part" 2>/dev/null && mv -f "$OUT/summary.txt.part" "$OUT/summary.txt"
 }
 # write_summary [RUNNING]: RUNNING names the step under way for the summaries
 # written before each step, so that a run killed from outside never leaves one
