@@ -58,6 +58,56 @@ def test_tcp_tiny_slots_force_multi_segment_paths():
     harness.assert_no_failures(results)
 
 
+def _polling_receiver(comm):
+    """Small frames read by the waiting caller itself, large ones by the I/O thread,
+    around the 64 KiB line between them, in send/recv and collectives; then the matrix."""
+    import ringcomm
+
+    fails = []
+    r, ws = comm.rank, comm.world_size
+    peer = 1 - r if ws == 2 else None
+    before = comm._native.tcp_frames_read()
+    for rnd in range(3):
+        for nbytes in (0, 1, 4096, 65536 - 64, 65536, 65536 + 4, 131072, 300000):
+            n = nbytes // 4
+            if r == 0:
+                x = (np.arange(n, dtype=np.int32) * 7 + rnd + nbytes).astype(np.int32)
+                comm.send(x, peer)
+                back = np.empty(n, np.int32)
+                comm.recv(back, peer)
+                if not np.array_equal(back, x + 1):
+                    fails.append(f"ping-pong of {nbytes} B, round {rnd}: wrong echo")
+            else:
+                got = np.empty(n, np.int32)
+                comm.recv(got, peer)
+                want = (np.arange(n, dtype=np.int32) * 7 + rnd + nbytes).astype(np.int32)
+                if not np.array_equal(got, want):
+                    fails.append(f"ping-pong of {nbytes} B, round {rnd}: wrong data at rank 1")
+                comm.send(got + 1, peer)
+            y = np.full(max(n, 1), r + 1 + rnd, np.float32)
+            comm.all_reduce(y)
+            if not np.all(y == ws * (ws + 1) / 2 + ws * rnd):
+                fails.append(f"all_reduce of {y.nbytes} B, round {rnd}: {y[:4]}")
+    io, caller = (a - b for a, b in zip(comm._native.tcp_frames_read(), before))
+    if caller == 0:
+        fails.append(f"no frame was read by the waiting caller (I/O thread: {io})")
+    if io == 0:
+        fails.append(f"no frame was read by the I/O thread (caller: {caller})")
+    fails += _tcp_matrix(comm, dict(dtypes=("float32", "int8", "bfloat16"), counts=(0, 1, 16385, 100003),
+                                    tag="tcp-polling "), _expect_all_tcp(ws))
+    return fails
+
+
+def test_a_polling_receiver_reads_small_frames_itself():
+    """A waiter that polls (spins, then yields) reads a small frame waiting in the
+    kernel itself (TcpTransport::recv_now); larger frames, and the rest, stay with the
+    I/O thread. Both are counted, and every byte checked."""
+    results = harness.run_ranks(_polling_receiver, 2, (),
+                                env=dict(TCP, RINGCOMM_SPIN_US=50, RINGCOMM_YIELD_US=5000),
+                                comm_timeout=30.0, hard_timeout=150)
+    harness.assert_no_failures(results)
+
+
 def test_shm_and_tcp_in_one_communicator():
     """Default transport: ranks 0 and 1 share a host identity (shared memory), rank 2
     claims another host (TCP to both); the collectives and a split are still right."""

@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <atomic>
 #include <vector>
 
@@ -108,6 +109,12 @@ class Communicator {
                    const std::string& secret);
   // "shm" or "tcp": how this rank reaches `peer` ("self" for this rank).
   std::string transport_of(int peer) const;
+  // Data frames this rank received over TCP: {read by the I/O thread, read
+  // by the calling thread itself}; {0, 0} without TCP peers.
+  std::pair<uint64_t, uint64_t> tcp_frames_read() const {
+    return tcp_ ? std::make_pair(tcp_->frames_read_by_io(), tcp_->frames_read_by_caller())
+                : std::make_pair(uint64_t{0}, uint64_t{0});
+  }
   // Whether this rank can read every peer's memory (cross-memory attach);
   // all ranks must then agree (set_pull) before pull schedules are used.
   bool probe_pull() { return shm_->probe_remote_read() && router_.can_read_remote(); }

@@ -2,6 +2,7 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -101,7 +102,7 @@ class TcpLink : public Link {
 
   const MsgHeader* recv_peek(const char** payload) override {
     const uint64_t head = in_head_.load(std::memory_order_relaxed);
-    if (in_tail_.load(std::memory_order_acquire) == head) {
+    if (in_tail_.load(std::memory_order_acquire) == head && !owner_->recv_now(*this)) {
       check_local_abort();
       // Frames before the goodbye are published before the state changes:
       // look at the ring again once the state says "closed".
@@ -203,8 +204,12 @@ class TcpLink : public Link {
   bool peer_aborted_ = false;   // (io) the peer's ABORT frame came
   bool peer_goodbye_ = false;   // (io) the peer's CLOSE frame came
   Clock::time_point abort_deadline_;  // (io)
-  // (io) receiving
-  bool in_ready_ = true;
+  // Receiving. rmu_ guards the read side of the socket and the state below
+  // (rstate_ .. rreason_, eof_, and closing fd_ besides wmu_): the I/O thread
+  // holds it while it reads, the executor tries it to read a small frame
+  // that is waiting whole in the kernel (TcpTransport::recv_now).
+  std::mutex rmu_;
+  bool in_ready_ = true;  // (io)
   bool eof_ = false;
   enum { kHeader, kPayload, kReason, kSkip } rstate_ = kHeader;
   char rbytes_[sizeof(FrameHeader)];  // the header being read, as it came
@@ -381,6 +386,7 @@ void TcpTransport::attach(int peer, tcp::Fd fd) {
   TcpLink* l = static_cast<TcpLink*>(open_link(peer, false));
   {
     std::lock_guard<std::mutex> wlk(l->wmu_);
+    std::lock_guard<std::mutex> rlk(l->rmu_);
     l->name_ = tcp::peer_name(fd.get());
     l->fd_ = std::move(fd);
     l->out_ready_ = l->in_ready_ = true;
@@ -390,6 +396,7 @@ void TcpTransport::attach(int peer, tcp::Fd fd) {
   ev.data.u64 = static_cast<uint64_t>(peer);
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, l->fd_.get(), &ev) != 0) {
     std::lock_guard<std::mutex> wlk(l->wmu_);
+    std::lock_guard<std::mutex> rlk(l->rmu_);
     l->fd_.reset();
     lose(peer, "epoll_ctl for the connection to rank " + std::to_string(peer) + ": " + tcp::errno_text(errno), false);
     return;
@@ -586,6 +593,68 @@ bool TcpTransport::send_now(TcpLink& l, uint64_t i) {
   return true;
 }
 
+// The executor's fast path on the receiving side: with its `in` ring empty,
+// a data frame of at most kInlineBytes that waits whole in the kernel is read
+// into the next slot and published here, on the executor's thread, so a
+// waiting executor that polls (spins or yields) takes a small message without
+// the I/O thread waking up first and then waking it. Anything else (a frame
+// under way, control frames, large or partial frames, a link that is not open,
+// the I/O thread reading) is left to the I/O thread. Returns whether a frame
+// was published.
+bool TcpTransport::recv_now(TcpLink& l) {
+  std::unique_lock<std::mutex> lk(l.rmu_, std::try_to_lock);
+  if (!lk.owns_lock() || !l.fd_.valid() || l.eof_ || l.rstate_ != TcpLink::kHeader || l.rgot_ != 0 ||
+      l.state_.load(std::memory_order_relaxed) != TcpLink::kOpen || stop_.load(std::memory_order_relaxed) ||
+      aborted_.load(std::memory_order_relaxed) || !l.in_has_room()) {
+    return false;
+  }
+  const int fd = l.fd_.get();
+  ssize_t got = ::recv(fd, l.rbytes_, sizeof(FrameHeader), MSG_PEEK | MSG_DONTWAIT);
+  if (got != static_cast<ssize_t>(sizeof(FrameHeader))) return false;
+  FrameHeader f;
+  if (!tcp::decode_frame(l.rbytes_, sizeof l.rbytes_, slot_bytes_, &f).empty() || f.type != tcp::kData ||
+      f.nbytes > kInlineBytes) {
+    return false;  // the I/O thread reads it (and reports a bad one)
+  }
+  int queued = 0;
+  if (::ioctl(fd, FIONREAD, &queued) != 0 || static_cast<size_t>(queued) < sizeof f + f.nbytes) return false;
+  const uint64_t slot = l.in_tail_.load(std::memory_order_relaxed);
+  char* dst = l.in_data(slot) + f.payload_offset;
+  struct iovec iov[2] = {{l.rbytes_, sizeof f}, {dst, f.nbytes}};
+  do {
+    got = ::readv(fd, iov, f.nbytes ? 2 : 1);
+  } while (got < 0 && errno == EINTR);
+  if (got <= 0) return false;  // the I/O thread sees the error or EOF too
+  // The bytes are ours now: the frame goes on as pump_in would carry it.
+  MsgHeader& m = l.in_hdr_[slot % l.n_];
+  m.tag = f.tag;
+  m.nbytes = f.nbytes;
+  m.payload_offset = f.payload_offset;
+  m.segment = f.segment;
+  const size_t n = static_cast<size_t>(got);
+  // FIONREAD promised the whole frame, so a short read is not expected; if it
+  // comes, the I/O thread reads the rest (the bytes' arrival set its
+  // in_ready_, or will) from the state pump_in would have left.
+  if (n < sizeof f) {
+    l.rgot_ = n;
+    lk.unlock();
+    notify_io();
+    return false;
+  }
+  l.rhdr_ = f;
+  if (n < sizeof f + f.nbytes) {
+    l.rdst_ = dst + (n - sizeof f);
+    l.rleft_ = sizeof f + f.nbytes - n;
+    l.rstate_ = TcpLink::kPayload;
+    lk.unlock();
+    notify_io();
+    return false;
+  }
+  l.in_tail_.store(slot + 1, std::memory_order_release);
+  frames_caller_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 // Sends queued frames until the socket is full (the caller holds l.wmu_).
 // Returns whether bytes moved.
 bool TcpTransport::pump_out(TcpLink& l) {
@@ -687,7 +756,8 @@ bool TcpTransport::pump_in(TcpLink& l) {
   const bool discard = stop_.load(std::memory_order_relaxed) || aborted_.load(std::memory_order_relaxed);
   static thread_local char sink[65536];
   bool moved = false, published = false;
-  for (int frames = 0; frames < 256;) {
+  int frames = 0;
+  while (frames < 256) {
     char* dst = nullptr;
     size_t want = 0;
     // A frame is only started with a free slot for it (a release wakes us).
@@ -809,6 +879,7 @@ bool TcpTransport::pump_in(TcpLink& l) {
     l.rstate_ = TcpLink::kHeader;
   }
   if (published) home_->wake();
+  if (frames) frames_io_.fetch_add(static_cast<uint64_t>(frames), std::memory_order_relaxed);
   return moved;
 }
 
@@ -877,12 +948,16 @@ void TcpTransport::io_loop() {
         // The peer does not read: a reset reaches it anyway.
         struct linger lg{1, 0};
         ::setsockopt(l.fd_.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        std::lock_guard<std::mutex> rlk(l.rmu_);
         l.fd_.reset();
         l.done_writing_ = l.eof_ = true;
         continue;
       }
       wlk.unlock();
-      moved |= pump_in(l);
+      {
+        std::lock_guard<std::mutex> rlk(l.rmu_);
+        moved |= pump_in(l);
+      }
       if (l.abort_queued_ && !l.abort_sent_ && !l.done_writing_) timed = true;
       if (!l.done_writing_ && l.state_.load(std::memory_order_relaxed) != TcpLink::kFailed) finished = false;
     }
@@ -950,6 +1025,7 @@ void TcpTransport::shutdown_links() {
   char sink[4096];
   for (TcpLink* lp : live_) {
     if (!lp->fd_.valid()) continue;
+    std::lock_guard<std::mutex> rlk(lp->rmu_);
     for (int i = 0; i < 256 && ::recv(lp->fd_.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
     }
     lp->fd_.reset();

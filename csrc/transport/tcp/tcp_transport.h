@@ -22,7 +22,10 @@
 //        segment with nothing queued ahead of it is sent by the executor
 //        itself at commit (no thread hand-off on the latency path).
 //   in   the I/O thread reads a frame header, then the payload straight into
-//        a free slot, and publishes it; the executor consumes it in place.
+//        a free slot, and publishes it; the executor consumes it in place. An
+//        executor that finds the ring empty reads a small frame that waits
+//        whole in the kernel itself (a waiter that polls takes it without
+//        the I/O thread waking first and then waking it).
 // Counters only grow (one producer, one consumer: acquire / release), as in
 // the shm FIFOs. A full `in` ring stops reading from that socket, so TCP's
 // own flow control holds the sender back: nothing is allocated per message
@@ -112,8 +115,15 @@ class TcpTransport : public Transport {
   void notify_io();
   // Sends frame `i` of `l` from the executor's thread if the socket is free.
   bool send_now(TcpLink& l, uint64_t i);
+  // Reads a small data frame waiting whole in the kernel into `l`'s next
+  // slot from the executor's thread, if the I/O thread is not reading.
+  bool recv_now(TcpLink& l);
   // Non-empty once this rank announced an abort.
   std::string local_abort() const;
+  // Data frames received so far: read by the I/O thread, and by the
+  // executor itself (recv_now).
+  uint64_t frames_read_by_io() const { return frames_io_.load(std::memory_order_relaxed); }
+  uint64_t frames_read_by_caller() const { return frames_caller_.load(std::memory_order_relaxed); }
 
  private:
   Link* open_link(int peer, bool dial);
@@ -156,6 +166,8 @@ class TcpTransport : public Transport {
   std::string turned_away_text_;
   std::thread io_;
 
+  std::atomic<uint64_t> frames_io_{0};
+  std::atomic<uint64_t> frames_caller_{0};
   std::atomic<uint32_t> io_sleeping_{0};
   std::atomic<bool> stop_{false};     // close(): drain, say goodbye, exit
   std::atomic<bool> aborted_{false};  // announce_abort() was called
