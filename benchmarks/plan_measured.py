@@ -141,6 +141,7 @@ def main(argv=None):
     print(f"# CPU: {facts['cpu_model']}, {os.cpu_count()} CPUs; torch {facts.get('torch')}; {platform.python_version()}; model {MODEL}, "
           f"global batch {GLOBAL_BATCH}, fp32 AdamW, 1F1B")
     every = []
+    raw = []
     earlier = {}
     if args.measured:
         with open(args.measured) as f:
@@ -151,10 +152,12 @@ def main(argv=None):
             res = [earlier[world]]
         else:
             res = run(_rank, world, args.steps, only, args.passes, timeout=7200)
-            if args.json:  # the measurements first: a planner change can be checked against them
+            # The measurements first, every world's so far: a planner change can be checked against them.
+            raw += [dict(r, world=world, cluster=res[0]["cluster"], cluster_before=res[0]["before"],
+                         cluster_after=res[0]["after"]) for r in res[0]["rows"]]
+            if args.json:
                 with open(args.json + ".raw", "w") as f:
-                    json.dump([dict(r, world=world, cluster=res[0]["cluster"], cluster_before=res[0]["before"],
-                                    cluster_after=res[0]["after"]) for r in res[0]["rows"]], f)
+                    json.dump(raw, f)
         info = res[0]["cluster"]
         spread = {"cluster_before": res[0]["before"], "cluster_after": res[0]["after"]} if "before" in res[0] else {}
         print(f"# world {world}: measured here (the mean of the measurements before the training and after each "
