@@ -165,6 +165,11 @@ class TcpLink : public Link {
   alignas(64) std::atomic<uint64_t> out_head_{0};  // sent by the I/O thread
   alignas(64) std::atomic<uint64_t> in_tail_{0};   // received by the I/O thread
   alignas(64) std::atomic<uint64_t> in_head_{0};   // released by the executor
+  // (executor) recv_now found a frame it leaves to the I/O thread (a large,
+  // control or partly arrived frame) at the head of the stream while in_tail_
+  // was this: it does not look again (syscalls under rmu_ each time) until the
+  // I/O thread has published.
+  uint64_t recv_now_skip_ = ~uint64_t{0};
   std::atomic<int> state_{kOpen};
   std::string reason_;  // written once by the I/O thread, before state_ becomes kFailed or kLost
   // The peer's end of the connection is gone (its stream ended, or it was
@@ -602,6 +607,7 @@ bool TcpTransport::send_now(TcpLink& l, uint64_t i) {
 // the I/O thread reading) is left to the I/O thread. Returns whether a frame
 // was published.
 bool TcpTransport::recv_now(TcpLink& l) {
+  if (l.in_tail_.load(std::memory_order_relaxed) == l.recv_now_skip_) return false;
   std::unique_lock<std::mutex> lk(l.rmu_, std::try_to_lock);
   if (!lk.owns_lock() || !l.fd_.valid() || l.eof_ || l.rstate_ != TcpLink::kHeader || l.rgot_ != 0 ||
       l.state_.load(std::memory_order_relaxed) != TcpLink::kOpen || stop_.load(std::memory_order_relaxed) ||
@@ -614,10 +620,16 @@ bool TcpTransport::recv_now(TcpLink& l) {
   FrameHeader f;
   if (!tcp::decode_frame(l.rbytes_, sizeof l.rbytes_, slot_bytes_, &f).empty() || f.type != tcp::kData ||
       f.nbytes > kInlineBytes) {
+    l.recv_now_skip_ = l.in_tail_.load(std::memory_order_relaxed);
     return false;  // the I/O thread reads it (and reports a bad one)
   }
   int queued = 0;
-  if (::ioctl(fd, FIONREAD, &queued) != 0 || static_cast<size_t>(queued) < sizeof f + f.nbytes) return false;
+  if (::ioctl(fd, FIONREAD, &queued) != 0 || static_cast<size_t>(queued) < sizeof f + f.nbytes) {
+    // Under way: the I/O thread, woken by the bytes still coming, reads it.
+    // Looking again while they come only holds rmu_ against it.
+    l.recv_now_skip_ = l.in_tail_.load(std::memory_order_relaxed);
+    return false;
+  }
   const uint64_t slot = l.in_tail_.load(std::memory_order_relaxed);
   char* dst = l.in_data(slot) + f.payload_offset;
   struct iovec iov[2] = {{l.rbytes_, sizeof f}, {dst, f.nbytes}};
@@ -955,8 +967,15 @@ void TcpTransport::io_loop() {
       }
       wlk.unlock();
       {
-        std::lock_guard<std::mutex> rlk(l.rmu_);
-        moved |= pump_in(l);
+        // The executor holds rmu_ only for a look at the socket or the read of
+        // one small frame (recv_now): go round again rather than sleep on it.
+        std::unique_lock<std::mutex> rlk(l.rmu_, std::try_to_lock);
+        if (rlk.owns_lock()) {
+          moved |= pump_in(l);
+        } else {
+          moved = true;
+          std::this_thread::yield();
+        }
       }
       if (l.abort_queued_ && !l.abort_sent_ && !l.done_writing_) timed = true;
       if (!l.done_writing_ && l.state_.load(std::memory_order_relaxed) != TcpLink::kFailed) finished = false;
