@@ -638,33 +638,27 @@ bool TcpTransport::recv_now(TcpLink& l) {
   } while (got < 0 && errno == EINTR);
   if (got <= 0) return false;  // the I/O thread sees the error or EOF too
   // The bytes are ours now: the frame goes on as pump_in would carry it.
-  MsgHeader& m = l.in_hdr_[slot % l.n_];
-  m.tag = f.tag;
-  m.nbytes = f.nbytes;
-  m.payload_offset = f.payload_offset;
-  m.segment = f.segment;
   const size_t n = static_cast<size_t>(got);
+  if (n >= sizeof f) l.in_hdr_[slot % l.n_] = tcp::data_header(f);
+  if (n == sizeof f + f.nbytes) {
+    l.in_tail_.store(slot + 1, std::memory_order_release);
+    frames_caller_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
   // FIONREAD promised the whole frame, so a short read is not expected; if it
   // comes, the I/O thread reads the rest (the bytes' arrival set its
   // in_ready_, or will) from the state pump_in would have left.
   if (n < sizeof f) {
     l.rgot_ = n;
-    lk.unlock();
-    notify_io();
-    return false;
-  }
-  l.rhdr_ = f;
-  if (n < sizeof f + f.nbytes) {
+  } else {
+    l.rhdr_ = f;
     l.rdst_ = dst + (n - sizeof f);
     l.rleft_ = sizeof f + f.nbytes - n;
     l.rstate_ = TcpLink::kPayload;
-    lk.unlock();
-    notify_io();
-    return false;
   }
-  l.in_tail_.store(slot + 1, std::memory_order_release);
-  frames_caller_.fetch_add(1, std::memory_order_relaxed);
-  return true;
+  lk.unlock();
+  notify_io();
+  return false;
 }
 
 // Sends queued frames until the socket is full (the caller holds l.wmu_).
@@ -833,11 +827,7 @@ bool TcpTransport::pump_in(TcpLink& l) {
           continue;
         }
         const uint64_t slot = l.in_tail_.load(std::memory_order_relaxed);
-        MsgHeader& m = l.in_hdr_[slot % l.n_];
-        m.tag = f.tag;
-        m.nbytes = f.nbytes;
-        m.payload_offset = f.payload_offset;
-        m.segment = f.segment;
+        l.in_hdr_[slot % l.n_] = tcp::data_header(f);
         l.rdst_ = l.in_data(slot) + f.payload_offset;
         l.rleft_ = f.nbytes;
         l.rstate_ = TcpLink::kPayload;

@@ -74,6 +74,15 @@ FrameHeader data_frame(const MsgHeader& m, uint32_t payload_offset) {
   return f;
 }
 
+MsgHeader data_header(const FrameHeader& f) {
+  MsgHeader m;
+  m.tag = f.tag;
+  m.nbytes = f.nbytes;
+  m.payload_offset = f.payload_offset;
+  m.segment = f.segment;
+  return m;
+}
+
 std::string status_query() {
   FrameHeader f;
   f.type = kStatusQuery;

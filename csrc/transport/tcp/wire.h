@@ -86,6 +86,8 @@ static_assert(kMaxPayloadOffset < kSlotPage, "a payload must start within the sl
 
 // The frame header that carries one segment (what TcpLink::send_commit queues).
 FrameHeader data_frame(const MsgHeader& m, uint32_t payload_offset);
+// The segment header a received data frame carries (data_frame's inverse).
+MsgHeader data_header(const FrameHeader& f);
 // An ABORT frame with its reason (cut to kMaxReasonBytes), or a CLOSE frame
 // (the reason is ignored): header and payload, ready to send.
 std::string control_frame(FrameType type, const std::string& reason = {});
