@@ -89,8 +89,8 @@ def rank_main(rank, world, port, rounds, calls, q):
 
     native = comm._native
 
-    def native_async():  # the C++ path alone: no Python Work, no tracking
-        native.all_reduce(x, 0, True).wait(-1.0)
+    def native_async():  # the native communicator's call alone: no Python Communicator method
+        native.all_reduce(x, 0, True).wait()
 
     def pingpong(group):
         def f():
@@ -119,7 +119,7 @@ def rank_main(rank, world, port, rounds, calls, q):
         "all_reduce async+wait: dist/ringcomm": via_async(rc),
         "all_reduce async+wait: dist/gloo": via_async(gloo),
         "all_reduce async+wait: dist/no-op (floor)": via_async(noop),
-        "all_reduce async+wait: native Work": native_async,
+        "all_reduce async+wait: native call": native_async,
         "send/recv ping-pong (1/2 RTT): ringcomm API": api_pingpong,
         "send/recv ping-pong (1/2 RTT): dist/ringcomm": pingpong(rc),
         "send/recv ping-pong (1/2 RTT): dist/gloo": pingpong(gloo),

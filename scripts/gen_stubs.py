@@ -165,7 +165,16 @@ class Writer:
             return
         sig = self.signature(name, doc, method)
         prose = self.docstring(doc, name) if sig else None
-        if sig is None:
+        text_sig = getattr(obj, "__text_signature__", None)
+        if sig is None and text_sig:
+            # A plain CPython method with a signature line ("name(args)\n--\n\n" in its C doc).
+            args = [a.strip() for a in text_sig.strip()[1:-1].split(",") if a.strip() and a.strip() != "/"]
+            args = [a[1:] if a.startswith("$") else a for a in args]
+            if method and (not args or args[0] != "self"):
+                args.insert(0, "self")
+            sig = "(" + ", ".join(args) + ")"
+            prose = doc.strip() or None
+        elif sig is None:
             # Not pybind11's format (a plain CPython method): its own "name(args): text" line, if any.
             m = re.match(re.escape(name) + r"\(([\w, ]*)\)", doc.strip())
             args = (["self"] if method else []) + ([a.strip() for a in m.group(1).split(",") if a.strip()]
@@ -231,6 +240,11 @@ class Writer:
                 self.function(1, attr, value, True)
             elif callable(value):
                 continue  # slot wrappers CPython gives every class (no constructor, comparisons)
+            elif type(value).__name__ == "getset_descriptor":  # a plain CPython type's attribute
+                self.imports.add("typing")
+                self.emit(1, "@property")
+                self.emit(1, f"def {attr}(self) -> typing.Any:")
+                self.emit_doc(2, (value.__doc__ or attr).strip())
             else:
                 self.emit(1, f"{attr}: {type(value).__name__}")
         if len(self.lines) == before:

@@ -311,6 +311,24 @@ def test_work_wait_accepts(comm, timeout):
     assert w.wait(timeout) is True
 
 
+def test_work_api_refuses_bad_calls(comm):
+    w = comm.all_reduce(_f32(), async_op=True)
+    try:
+        _expect(lambda: w.wait(1, 2), TypeError, "at most 1 argument")
+        _expect(lambda: w.wait(1, timeout=2), TypeError, "at most 1 argument")
+        _expect(lambda: w.wait(timeout_s=1), TypeError, "unexpected keyword")
+        _expect(lambda: w.is_completed(1), TypeError, "")
+        _expect(lambda: ringcomm.Work(), TypeError, "cannot create")
+        _expect(lambda: type(w)(), TypeError, "cannot create")
+    finally:
+        assert w.wait(timeout=None) is True
+    assert w.is_completed() and w.exception() is None and w.source_rank() == -1
+    assert repr(w) == "<ringcomm.Work all_reduce completed>", repr(w)
+    assert w.what == "all_reduce"
+    with pytest.raises((AttributeError, TypeError)):
+        w.extra = 1  # no dict: a Work holds nothing but its call
+
+
 def test_work_seconds_rules():
     from ringcomm.work import seconds
 

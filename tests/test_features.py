@@ -16,7 +16,7 @@ import harness
 from checks import BIG, compare, empty_buf, first_line, gen, make_buf
 
 WORLD_SIZES = [1, 2, 3, 4]
-SECTIONS = ("barrier", "send_recv", "async", "handoff", "split", "threads", "bad_inputs", "small_all_reduce")
+SECTIONS = ("barrier", "send_recv", "async", "handoff", "dropped_work", "split", "threads", "bad_inputs", "small_all_reduce")
 
 
 # ---------------------------------------------------------------------- sections
@@ -262,6 +262,50 @@ def section_async(comm, fail):
             err = compare(buf, expected)
             if err:
                 fail(f"{desc} (async, {len(jobs)} ops in flight): {err}")
+
+
+def section_dropped_work(comm, fail):
+    """A Work dropped while its call is pending keeps the call's buffers alive
+    until the call completed (the native Work hands them to its orphan list),
+    and lets go of them afterwards: no write into freed memory, no leak."""
+    import gc
+    import weakref
+
+    from ringcomm import _C
+
+    r, ws = comm.rank, comm.world_size
+    if ws == 1:
+        return
+    for it in range(2):
+        if r == 0:
+            x = np.full(1000, 1.0 + it, np.float64)
+            got = np.zeros(7, np.int32)
+            refs = [weakref.ref(x), weakref.ref(got)]
+            comm.all_reduce(x, async_op=True)  # the Works are dropped at once
+            comm.recv(got, 1, async_op=True)
+            del x, got
+            gc.collect()
+            if any(ref() is None for ref in refs):
+                fail(f"round {it}: a buffer of a pending call was freed when its Work was dropped")
+            comm.barrier()  # after the all_reduce (issue order); the recv completes before rank 1's barrier
+            x, got = refs[0](), refs[1]()
+            if x is None or got is None:
+                fail(f"round {it}: a buffer of a dropped Work was freed before anything let go of it")
+            else:
+                if not (x == ws * (1.0 + it)).all():
+                    fail(f"round {it}: dropped Work's all_reduce gave {x[:4]}")
+                if not (got == np.arange(7, dtype=np.int32) + it).all():
+                    fail(f"round {it}: dropped Work's recv gave {got}")
+            del x, got
+            pending = _C._sweep_works()
+            if pending or any(ref() is not None for ref in refs):
+                fail(f"round {it}: buffers of completed, dropped Works still held after a sweep ({pending} pending)")
+        else:
+            time.sleep(0.3)
+            comm.all_reduce(np.full(1000, 1.0 + it, np.float64))
+            if r == 1:
+                comm.send(np.arange(7, dtype=np.int32) + it, 0)
+            comm.barrier()
 
 
 def _split_lists(ws):
@@ -658,6 +702,11 @@ def test_async_ops_in_flight(world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_async_hand_off(world_size):
     harness.assert_no_failures([r["handoff"] for r in _results(world_size)])
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_dropped_work_keeps_its_buffers(world_size):
+    harness.assert_no_failures([r["dropped_work"] for r in _results(world_size)])
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -6,6 +6,7 @@
 
 #include "comm/algo_choice.h"
 #include "comm/describe.h"
+#include "comm/work.h"
 
 namespace ringcomm {
 
@@ -20,6 +21,8 @@ Algo algo_arg(const std::string& op, OpKind kind, const std::string& algo);
 void bind_errors(pybind11::module_& m);
 void bind_types(pybind11::module_& m);
 void bind_communicator(pybind11::module_& m);
+// ringcomm._C.Work, the handle of an async call (bind_work.cpp).
+void bind_work(pybind11::module_& m);
 // The chooser and the algorithm-name parser (bind_chooser.cpp); a GPU
 // call's algo= as the GPU bindings take it.
 void bind_chooser(pybind11::module_& m);
@@ -43,5 +46,7 @@ void bind_cuda(pybind11::module_& m);  // bindings/cuda/bind_cuda.cpp
 // Inside a catch block of a plain CPython function: sets the Python error
 // pybind11 would have set for the exception in flight; returns nullptr.
 PyObject* raise_current_exception();
+// The ringcomm error class a failed Work's error kind is raised as (borrowed).
+PyObject* error_class(Work::ErrorKind kind);
 
 }  // namespace ringcomm

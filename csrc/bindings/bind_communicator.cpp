@@ -1,6 +1,6 @@
-// Communicator, Config and Work. Buffers are read with the GIL held, then the
-// GIL is released for the whole native call (and for Work.wait). all_reduce,
-// send and recv are bound in bind_fast_calls.cpp.
+// Communicator and Config. Buffers are read with the GIL held, then the GIL
+// is released for the whole native call. all_reduce, send and recv are bound
+// in bind_fast_calls.cpp; the Work an async call returns in bind_work.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -50,15 +50,6 @@ void bind_communicator(py::module_& m) {
   m.def("sweep_segments", &Segment::sweep_orphans,
         "Removes this user's ringcomm segments whose owner process is gone; returns how many.");
 
-  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
-      .def("wait", &Work::wait, py::arg("timeout_s") = -1.0, py::call_guard<ReleaseGil>())
-      .def("is_completed", &Work::is_completed)
-      .def("error_message", &Work::error_message)
-      .def("is_timeout", [](Work& w) { return w.error_kind() == Work::ErrorKind::kTimeout; })
-      .def("is_mismatch", [](Work& w) { return w.error_kind() == Work::ErrorKind::kMismatch; })
-      .def("is_revoked", [](Work& w) { return w.error_kind() == Work::ErrorKind::kRevoked; })
-      .def_property_readonly("what", &Work::what)
-      .def_property_readonly("source", &Work::source);
 
   m.attr("ANY_SOURCE") = kAnySource;
 
@@ -100,43 +91,48 @@ void bind_communicator(py::module_& m) {
       .def("abort", &C::abort, py::call_guard<py::gil_scoped_release>())
       .def("revoke", &C::revoke, py::call_guard<py::gil_scoped_release>())
       .def("peer_gone", &C::peer_gone, py::call_guard<py::gil_scoped_release>())
-      .def("reduce_scatter", [](C& c, py::handle out, py::handle in, int op, bool async) {
+      .def("reduce_scatter", [](py::handle self, py::handle out, py::handle in, int op, bool async) {
+        C& c = self.cast<C&>();
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;
         {
           ReleaseGil r;
           w = c.reduce_scatter(o, i, to_op(op), async);
         }
-        return finish(std::move(w));
+        return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
-      .def("all_gather", [](C& c, py::handle out, py::handle in, bool async) {
+      .def("all_gather", [](py::handle self, py::handle out, py::handle in, bool async) {
+        C& c = self.cast<C&>();
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;
         {
           ReleaseGil r;
           w = c.all_gather(o, i, async);
         }
-        return finish(std::move(w));
+        return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
-      .def("broadcast", [](C& c, py::handle x, int src, bool async) {
+      .def("broadcast", [](py::handle self, py::handle x, int src, bool async) {
+        C& c = self.cast<C&>();
         Buffer b = buffer_from_python(x, "tensor", true);
         std::shared_ptr<Work> w;
         {
           ReleaseGil r;
           w = c.broadcast(b, src, async);
         }
-        return finish(std::move(w));
+        return make_work(std::move(w), self.ptr(), x.ptr());
       })
-      .def("reduce", [](C& c, py::handle x, int dst, int op, bool async) {
+      .def("reduce", [](py::handle self, py::handle x, int dst, int op, bool async) {
+        C& c = self.cast<C&>();
         Buffer b = buffer_from_python(x, "tensor", true);
         std::shared_ptr<Work> w;
         {
           ReleaseGil r;
           w = c.reduce(b, dst, to_op(op), async);
         }
-        return finish(std::move(w));
+        return make_work(std::move(w), self.ptr(), x.ptr());
       })
-      .def("scatter", [](C& c, py::handle out, py::handle in, int src, bool async) {
+      .def("scatter", [](py::handle self, py::handle out, py::handle in, int src, bool async) {
+        C& c = self.cast<C&>();
         Buffer o = buffer_from_python(out, "output", true);
         Buffer i = c.rank() == src ? buffer_from_python(in, "input", false, true) : Buffer{};
         std::shared_ptr<Work> w;
@@ -144,9 +140,10 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.scatter(o, i, src, async);
         }
-        return finish(std::move(w));
+        return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
-      .def("gather", [](C& c, py::handle out, py::handle in, int dst, bool async) {
+      .def("gather", [](py::handle self, py::handle out, py::handle in, int dst, bool async) {
+        C& c = self.cast<C&>();
         Buffer o = c.rank() == dst ? buffer_from_python(out, "output", true, true) : Buffer{};
         Buffer i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;
@@ -154,16 +151,17 @@ void bind_communicator(py::module_& m) {
           ReleaseGil r;
           w = c.gather(o, i, dst, async);
         }
-        return finish(std::move(w));
+        return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
-      .def("all_to_all", [](C& c, py::handle out, py::handle in, bool async) {
+      .def("all_to_all", [](py::handle self, py::handle out, py::handle in, bool async) {
+        C& c = self.cast<C&>();
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
         std::shared_ptr<Work> w;
         {
           ReleaseGil r;
           w = c.all_to_all(o, i, async);
         }
-        return finish(std::move(w));
+        return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
       // send and recv are bound in bind_fast_calls.cpp.
       .def("sendrecv", [](C& c, py::handle send, int dst, py::handle recv, int src) {
@@ -172,13 +170,14 @@ void bind_communicator(py::module_& m) {
         ReleaseGil rel;
         c.sendrecv(s, dst, r, src);
       })
-      .def("barrier", [](C& c, bool async) {
+      .def("barrier", [](py::handle self, bool async) {
+        C& c = self.cast<C&>();
         std::shared_ptr<Work> w;
         {
           ReleaseGil r;
           w = c.barrier(async);
         }
-        return finish(std::move(w));
+        return make_work(std::move(w), self.ptr(), nullptr);
       });
 }
 

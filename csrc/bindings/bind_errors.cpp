@@ -5,6 +5,7 @@
 
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
+#include "comm/work.h"
 #include "ringcomm/text.h"
 #include "ringcomm/types.h"
 
@@ -55,6 +56,15 @@ void bind_errors(py::module_& m) {
       py::set_error(PyExc_ValueError, readable_text(e.what(), false).c_str());
     }
   });
+}
+
+PyObject* error_class(Work::ErrorKind kind) {
+  switch (kind) {
+    case Work::ErrorKind::kTimeout: return timeout_error;
+    case Work::ErrorKind::kMismatch: return mismatch_error;
+    case Work::ErrorKind::kRevoked: return revoked_error;
+    default: return base_error;
+  }
 }
 
 PyObject* raise_current_exception() {

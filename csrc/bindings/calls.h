@@ -12,15 +12,11 @@
 
 namespace ringcomm {
 
-// The Work of an asynchronous call (None after a synchronous one). Its
-// buffers are kept alive by the Python layer, which holds each in-flight
-// Work with them until it completed (ringcomm/communicator.py _track): the
-// native Work holds no Python object, so that making one per call allocates
-// nothing the cycle collector tracks.
-inline pybind11::object finish(std::shared_ptr<Work> work) {
-  if (!work) return pybind11::none();
-  return pybind11::cast(std::move(work));
-}
+// The Work of an asynchronous call (None after a synchronous one): a
+// ringcomm.Work holding `comm` (the native communicator, as Python sees it)
+// and the call's buffers `a`, `b` (null where unused) until the call
+// completed (bind_work.cpp).
+pybind11::object make_work(std::shared_ptr<Work> work, PyObject* comm, PyObject* a, PyObject* b = nullptr);
 
 // Whether a signal handler raised (Ctrl-C -> KeyboardInterrupt) in this
 // thread: takes the GIL for a moment. The exception stays pending and is what

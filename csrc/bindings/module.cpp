@@ -19,6 +19,7 @@ PYBIND11_MODULE(_C, m) {
   ringcomm::bind_errors(m);
   ringcomm::bind_types(m);
   ringcomm::bind_communicator(m);
+  ringcomm::bind_work(m);
   ringcomm::bind_call_check(m);
   ringcomm::bind_chooser(m);
   ringcomm::bind_fast_calls(m);

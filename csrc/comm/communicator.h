@@ -15,7 +15,6 @@
 #pragma once
 
 #include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,6 +28,7 @@
 #include "algo/step.h"
 #include "comm/algo_choice.h"
 #include "comm/buffer.h"
+#include "comm/call_queue.h"
 #include "comm/call_check.h"
 #include "comm/autotune.h"
 #include "comm/chooser.h"
@@ -245,7 +245,8 @@ class Communicator {
   void release_inline();
   void assign_seq(Call& call);
   std::shared_ptr<Work> enqueue(Call call, std::unique_lock<std::mutex>& lk, bool async);
-  void execute(Call& call, Work& work);
+  // `failed_earlier`: error_ as run_front read it (the call fails at once).
+  void execute(Call& call, Work& work, const std::string& failed_earlier);
   // Runs a collective (or the barrier): plans it (the plan cache), agrees on
   // it (rooted calls), runs its plan over its buffers; throws its error.
   void run_call(Call& call);
@@ -373,7 +374,7 @@ class Communicator {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> queue_;
+  CallQueue<Item> queue_;
   bool running_ = false;  // a call is executing (inline or on the worker)
   // ... which one: a literal, the name of the call run inline (alive while
   // it runs), or running_p2p_name_ (a queued send/recv's, copied); with

@@ -178,15 +178,17 @@ void Communicator::run_front(std::unique_lock<std::mutex>& lk, bool take_queued)
     running_name_ = item.first.op;
   }
   running_seq_ = item.first.tag.seq;
+  const bool collective = item.first.kind != OpKind::kSend;
+  const std::string failed_earlier = collective ? error_ : std::string();  // (empty: no allocation)
   lk.unlock();
-  if (item.first.kind == OpKind::kSend) {
+  if (!collective) {
     P2pMember m;
     m.call = std::move(item.first);
     m.work = item.second.get();
     m.keep = std::move(item.second);
     execute_p2p(&m, 1, take_queued);
   } else {
-    execute(item.first, *item.second);
+    execute(item.first, *item.second, failed_earlier);
   }
   lk.lock();
   running_ = false;

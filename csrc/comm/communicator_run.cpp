@@ -140,14 +140,11 @@ void Communicator::run_call(Call& c) {
   }
 }
 
-void Communicator::execute(Call& c, Work& work) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!error_.empty()) {
-      work.fail(Work::ErrorKind::kError,
-                "ringcomm: " + std::string(c.name()) + " was not run: the communicator failed earlier (" + error_ + ")");
-      return;
-    }
+void Communicator::execute(Call& c, Work& work, const std::string& failed_earlier) {
+  if (!failed_earlier.empty()) {
+    work.fail(Work::ErrorKind::kError, "ringcomm: " + std::string(c.name()) +
+                                           " was not run: the communicator failed earlier (" + failed_earlier + ")");
+    return;
   }
   Work::ErrorKind kind = Work::ErrorKind::kNone;
   std::string message;

@@ -9,9 +9,15 @@
 
 namespace ringcomm {
 
+// Most calls are completed by the thread that waits for them (it ran the
+// call, Communicator::help) or while it spins: only a thread asleep on cv_
+// needs the lock and the notify. sleepers_ and state_ are both seq_cst: a
+// waiter either sees kDone before it sleeps, or is counted here (and the lock
+// is taken only once it is inside cv_.wait).
 void Work::complete() {
-  std::lock_guard<std::mutex> lk(mu_);
-  state_ = State::kDone;
+  state_.store(State::kDone, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+  { std::lock_guard<std::mutex> lk(mu_); }
   cv_.notify_all();
 }
 
@@ -47,7 +53,12 @@ bool Work::wait(double timeout_s) {
     sched_yield();
   }
   std::unique_lock<std::mutex> lk(mu_);
-  auto done = [&] { return state_ != State::kPending; };
+  struct Sleeping {
+    std::atomic<int>& n;
+    explicit Sleeping(std::atomic<int>& c) : n(c) { n.fetch_add(1, std::memory_order_seq_cst); }
+    ~Sleeping() { n.fetch_sub(1, std::memory_order_seq_cst); }
+  } sleeping(sleepers_);
+  auto done = [&] { return state_.load(std::memory_order_seq_cst) != State::kPending; };
   // Wait in slices so that Ctrl-C is seen (interrupt_check) within ~20 ms.
   const bool forever = timeout_s < 0;
   const auto until = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(

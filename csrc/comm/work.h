@@ -52,6 +52,7 @@ class Work {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<State> state_{State::kPending};
+  std::atomic<int> sleepers_{0};  // threads in wait()'s blocking part (complete() notifies only then)
   ErrorKind kind_ = ErrorKind::kNone;
   std::atomic<int> source_{-1};
   std::string message_;

@@ -5,7 +5,6 @@ order they were issued and all ranks must issue the same calls; with
 async_op=True a call returns a Work at once and runs on the communicator's
 worker thread.
 """
-import collections
 import os
 import sys
 import weakref
@@ -15,7 +14,7 @@ from ringcomm._C import DeviceBufferError as _DeviceBuffer
 from ringcomm.errors import CollectiveMismatchError, RingcommError
 from ringcomm.reduce_op import ReduceOp, op_value
 
-from ringcomm.work import Work
+from ringcomm import work as _work  # noqa: F401  (registers ringcomm.Work, what async calls return)
 
 _OP_VALUE = {op: int(op) for op in ReduceOp}
 
@@ -109,7 +108,6 @@ class Communicator:
         self._census = None  # every rank's census record (host, pid): liveness evidence for agree()
         self._ranks = ranks  # the ranks of the communicator this one was split / shrunk from
         self._parent_ranks = None  # shrink(): the parent's rank of each rank
-        self._inflight = collections.deque()
         self._native = None
         self._gpu_path = None
         if not 0 <= rank < world_size:
@@ -306,21 +304,6 @@ class Communicator:
             raise RingcommError("ringcomm: the communicator is closed")
         return self._native
 
-    def _track(self, native_work, *buffers):
-        """The Work of an async call, kept (with its buffers) until it completed."""
-        if native_work is None:
-            return None
-        inflight = self._inflight
-        # Calls mostly complete in issue order: drop completed ones from the
-        # front, and sweep the rest only when the list has grown.
-        while inflight and inflight[0]._native.is_completed():
-            inflight.popleft()
-        if len(inflight) > 64:
-            self._inflight = inflight = collections.deque(w for w in inflight if not w.is_completed())
-        work = Work(native_work, buffers + (self._native,))  # the native communicator outlives its Works
-        inflight.append(work)
-        return work
-
     # -- collectives ----------------------------------------------------------
     # Every collective takes numpy arrays and CPU tensors (the shared-memory / TCP
     # path) or CUDA tensors and arrays (the GPU path, ringcomm/cuda.py: `stream=`
@@ -337,9 +320,8 @@ class Communicator:
             if native is None:
                 self._c()
             try:
-                w = native.all_reduce(tensor, _OP_VALUE.get(op) if type(op) is ReduceOp else op_value(op),
-                                      async_op)
-                return w if w is None else self._track(w, tensor)
+                return native.all_reduce(tensor, _OP_VALUE.get(op) if type(op) is ReduceOp else op_value(op),
+                                         async_op)
             except _DeviceBuffer:
                 pass
         return self._gpu().all_reduce(tensor, op_value(op), async_op, stream, algo)
@@ -349,8 +331,7 @@ class Communicator:
         (input holds world_size * len(output) elements)."""
         if stream is None and algo is None:
             try:
-                w = self._c().reduce_scatter(output, input, op_value(op), async_op)
-                return w if w is None else self._track(w, output, input)
+                return self._c().reduce_scatter(output, input, op_value(op), async_op)
             except _DeviceBuffer:
                 pass
         return self._gpu().reduce_scatter(output, input, op_value(op), async_op, stream, algo)
@@ -359,8 +340,7 @@ class Communicator:
         """output <- every rank's input, in rank order (world_size * len(input))."""
         if stream is None and algo is None:
             try:
-                w = self._c().all_gather(output, input, async_op)
-                return w if w is None else self._track(w, output, input)
+                return self._c().all_gather(output, input, async_op)
             except _DeviceBuffer:
                 pass
         return self._gpu().all_gather(output, input, async_op, stream, algo)
@@ -369,8 +349,7 @@ class Communicator:
         """tensor <- src's tensor, on every rank."""
         if stream is None and algo is None:
             try:
-                w = self._c().broadcast(tensor, validate.rank_arg(src, "src"), async_op)
-                return w if w is None else self._track(w, tensor)
+                return self._c().broadcast(tensor, validate.rank_arg(src, "src"), async_op)
             except _DeviceBuffer:
                 pass
         return self._gpu().broadcast(tensor, src, async_op, stream, algo)
@@ -379,8 +358,7 @@ class Communicator:
         """dst's tensor <- the reduction of every rank's tensor (others unchanged)."""
         if stream is None and algo is None:
             try:
-                w = self._c().reduce(tensor, validate.rank_arg(dst, "dst"), op_value(op), async_op)
-                return w if w is None else self._track(w, tensor)
+                return self._c().reduce(tensor, validate.rank_arg(dst, "dst"), op_value(op), async_op)
             except _DeviceBuffer:
                 pass
         return self._gpu().reduce(tensor, dst, op_value(op), async_op, stream, algo)
@@ -389,8 +367,7 @@ class Communicator:
         """output <- block `rank` of src's input (input is only read on src)."""
         if stream is None and algo is None:
             try:
-                w = self._c().scatter(output, input, validate.rank_arg(src, "src"), async_op)
-                return w if w is None else self._track(w, output, input)
+                return self._c().scatter(output, input, validate.rank_arg(src, "src"), async_op)
             except _DeviceBuffer:
                 pass
         return self._gpu().scatter(output, input, src, async_op, stream, algo)
@@ -399,8 +376,7 @@ class Communicator:
         """dst's output <- every rank's input in rank order (output only used on dst)."""
         if stream is None and algo is None:
             try:
-                w = self._c().gather(output, input, validate.rank_arg(dst, "dst"), async_op)
-                return w if w is None else self._track(w, output, input)
+                return self._c().gather(output, input, validate.rank_arg(dst, "dst"), async_op)
             except _DeviceBuffer:
                 pass
         return self._gpu().gather(output, input, dst, async_op, stream, algo)
@@ -409,8 +385,7 @@ class Communicator:
         """Block i of input goes to rank i; block j of output comes from rank j."""
         if stream is None and algo is None:
             try:
-                w = self._c().all_to_all(output, input, async_op)
-                return w if w is None else self._track(w, output, input)
+                return self._c().all_to_all(output, input, async_op)
             except _DeviceBuffer:
                 pass
         return self._gpu().all_to_all(output, input, async_op, stream, algo)
@@ -422,8 +397,7 @@ class Communicator:
         tag = _tag(tag)
         if stream is None:
             try:
-                w = self._c().send(tensor, validate.rank_arg(dst, "dst"), tag, async_op)
-                return w if w is None else self._track(w, tensor)
+                return self._c().send(tensor, validate.rank_arg(dst, "dst"), tag, async_op)
             except _DeviceBuffer:
                 pass
         _gpu_default_tag(tag, "send")
@@ -438,8 +412,7 @@ class Communicator:
         src = ANY_SOURCE if src is None else validate.rank_arg(src, "src")
         if stream is None:
             try:
-                w = self._c().recv(tensor, src, tag, async_op)
-                return w if isinstance(w, int) else self._track(w, tensor)
+                return self._c().recv(tensor, src, tag, async_op)
             except _DeviceBuffer:
                 pass
         _gpu_default_tag(tag, "recv")
@@ -485,8 +458,7 @@ class Communicator:
 
     def barrier(self, async_op=False):
         """Returns once every rank has entered the barrier."""
-        w = self._c().barrier(async_op)
-        return w if w is None else self._track(w)
+        return self._c().barrier(async_op)
 
     # -- groups and lifetime --------------------------------------------------
     def split(self, ranks):
@@ -634,7 +606,7 @@ class Communicator:
             gpu.close()
         if native is not None:
             native.close()
-        self._inflight = collections.deque()
+        _C._sweep_works()  # the buffers of dropped Works, now completed or failed
 
     # -- fault recovery (ringcomm/recovery.py) --------------------------------
     def revoke(self, reason=""):

@@ -68,20 +68,26 @@ class RingcommWork(dist._Work):
     _record_ended = None
     _source = None  # a recv's source rank, or a callable giving it once complete
 
+    _works = ()
+    # A Work made complete (the blocking calls' common case) locks only in
+    # get_future(), briefly and calling nothing that locks: it shares one lock
+    # rather than making its own (every step here is paid per call).
+    _lock = threading.Lock()
+
     def __init__(self, works, result, staging=None, completer=None):
         super().__init__()
-        self._works = works if type(works) is list else list(works)
         self._result = result
-        self._lock = threading.Lock()
         if completer is not None:
             self._completer = completer
+        if not works and staging is None:
+            self._settled = True  # nothing to copy back, no error
+            return
+        self._works = works if type(works) is list else list(works)
+        self._lock = threading.Lock()
         if staging is not None:
             self._staging = staging
         if not self._works:
-            if staging is None:
-                self._settled = True  # nothing to copy back, no error
-            else:
-                self._settle()
+            self._settle()
 
     def profile(self, record):
         """Ends `record` (an entered profiler RecordFunction) when the operation
@@ -156,7 +162,7 @@ class RingcommWork(dist._Work):
                 # One call waited for without a limit (a torch send, a recv): a
                 # normal return of the native wait is its success.
                 try:
-                    works[0]._native.wait(-1.0)
+                    works[0].wait()
                 except RingcommError:
                     pass  # _settle() below reads the error
                 else:
