@@ -216,6 +216,7 @@ class TcpLink : public Link {
   std::mutex rmu_;
   bool in_ready_ = true;  // (io)
   bool eof_ = false;
+  int broke_err_ = 0;  // (io) a write's or the socket's error, for broken() under rmu_
   enum { kHeader, kPayload, kReason, kSkip } rstate_ = kHeader;
   char rbytes_[sizeof(FrameHeader)];  // the header being read, as it came
   FrameHeader rhdr_;                  // ... and decoded (tcp::decode_frame)
@@ -572,6 +573,22 @@ void TcpTransport::on_eof(TcpLink& l, int err) {
   }
 }
 
+// The connection to `l`'s peer broke (errno `err`, seen writing or as the
+// socket's error). What the peer sent before it went (its ABORT frame with
+// the reason, its goodbye) explains the break better than the errno: a rank
+// that aborts and closes at once leaves both in this socket's receive queue,
+// which the I/O thread may not have read yet on a busy host. So that is read
+// first (as far as the ring has room), then the break is reported; on_eof
+// keeps a failure the frames already gave. I/O thread, holding l.rmu_ (not
+// wmu_: reading may answer a status query).
+void TcpTransport::broken(TcpLink& l, int err) {
+  if (!l.eof_) {
+    l.in_ready_ = true;
+    pump_in(l);
+  }
+  on_eof(l, err);
+}
+
 // The executor's fast path: frame `i`, just committed, goes to the socket
 // now if nothing is queued ahead of it and the I/O thread is not sending.
 // Returns whether it was sent whole; otherwise the I/O thread sends the rest
@@ -707,7 +724,7 @@ bool TcpTransport::pump_out(TcpLink& l) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         l.out_ready_ = false;
       } else {
-        on_eof(l, errno);
+        l.broke_err_ = errno;  // reported after the read side's look (broken(), under rmu_)
         l.done_writing_ = true;
       }
       break;
@@ -962,6 +979,11 @@ void TcpTransport::io_loop() {
         std::unique_lock<std::mutex> rlk(l.rmu_, std::try_to_lock);
         if (rlk.owns_lock()) {
           moved |= pump_in(l);
+          if (l.broke_err_) {
+            broken(l, l.broke_err_);
+            l.broke_err_ = 0;
+            moved = true;
+          }
         } else {
           moved = true;
           std::this_thread::yield();
@@ -1008,7 +1030,7 @@ void TcpTransport::io_loop() {
         int err = 0;
         socklen_t len = sizeof err;
         ::getsockopt(l->fd_.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-        if (err) on_eof(*l, err);
+        if (err) l->broke_err_ = err;  // (broken(), in the loop below, reports it)
       }
     }
   }

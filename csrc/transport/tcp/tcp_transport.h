@@ -137,6 +137,9 @@ class TcpTransport : public Transport {
   bool has_work();
   void fail_link(TcpLink& l, const std::string& why);
   void on_eof(TcpLink& l, int err);
+  // A write or the socket's error broke the connection: reads what the peer
+  // sent first (its ABORT frame, its goodbye), then on_eof (I/O thread, under the link's rmu_).
+  void broken(TcpLink& l, int err);
   void shutdown_links();
 
   const int rank_;
