@@ -18,12 +18,12 @@ came.
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
 
 from ringcomm.bench.report import _cpu_model
+from torch_overhead import print_header, run_two_ranks  # (this folder: the script's own)
 
 # (way, the blocking way its ratio is to)
 WAYS = [
@@ -93,27 +93,9 @@ def main():
     p.add_argument("--calls", type=int, default=10000)
     p.add_argument("--json")
     a = p.parse_args()
-    import multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, port, a.rounds, a.calls, q)) for r in range(2)]
-    for pr in procs:
-        pr.start()
-    try:
-        samples = q.get(timeout=1800)
-    finally:
-        for pr in procs:
-            pr.join(60)
-            if pr.is_alive():
-                pr.kill()
+    samples = run_two_ranks(rank_main, a.rounds, a.calls)
     cpu = _cpu_model()
-    print(f"# {cpu}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the end; "
-          f"{a.rounds} rounds x {a.calls} calls, rank 0's per-call time")
-    print(f"# command: python benchmarks/{os.path.basename(__file__)} --rounds {a.rounds} --calls {a.calls}")
+    print_header(__file__, a.rounds, a.calls)
     print(f"{'way':40s} {'median us':>10s} {'min us':>8s} {'ratio to blocking':>18s}")
     out = {}
     for n, base in WAYS:

@@ -59,7 +59,8 @@ def _register_noop_backend():
                                   extended_api=True, devices=["cpu"])
 
 
-def rank_main(rank, world, port, rounds, calls, q):
+def rank_main(rank, port, rounds, calls, q):
+    world = 2
     import torch
     import torch.distributed as dist
 
@@ -146,12 +147,8 @@ def rank_main(rank, world, port, rounds, calls, q):
         q.put(samples)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--calls", type=int, default=200)
-    p.add_argument("--json")
-    a = p.parse_args()
+def run_two_ranks(rank_main, *args):
+    """Runs rank_main(rank, port, *args, q) on two spawned ranks; returns what rank 0 put on q."""
     import multiprocessing as mp
     import socket
 
@@ -160,16 +157,34 @@ def main():
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, 2, port, a.rounds, a.calls, q)) for r in range(2)]
+    procs = [ctx.Process(target=rank_main, args=(r, port) + args + (q,)) for r in range(2)]
     for pr in procs:
         pr.start()
-    samples = q.get(timeout=1800)
-    for pr in procs:
-        pr.join(60)
+    try:
+        return q.get(timeout=1800)
+    finally:
+        for pr in procs:
+            pr.join(60)
+            if pr.is_alive():
+                pr.kill()
+
+
+def print_header(script, rounds, calls):
+    """The CPU, the load and the command, as the first lines of a report."""
+    print(f"# {_cpu_model()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the end; "
+          f"{rounds} rounds x {calls} calls, rank 0's per-call time")
+    print(f"# command: python benchmarks/{os.path.basename(script)} --rounds {rounds} --calls {calls}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--json")
+    a = p.parse_args()
+    samples = run_two_ranks(rank_main, a.rounds, a.calls)
     cpu = _cpu_model()
-    print(f"# {cpu}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at the end; "
-          f"{a.rounds} rounds x {a.calls} calls, rank 0's per-call time")
-    print(f"# command: python benchmarks/{os.path.basename(__file__)} --rounds {a.rounds} --calls {a.calls}")
+    print_header(__file__, a.rounds, a.calls)
     print(f"{'way':48s} {'median us':>10s} {'min us':>8s} {'max us':>8s}")
     out = {}
     for n, v in samples.items():
