@@ -60,20 +60,25 @@ void release(Orphan& o) {
 // Drops the orphans whose calls completed. Calls mostly complete in issue
 // order: the cheap check looks at the oldest only, the full sweep runs when
 // the list has grown.
+//
+// The references are released once the list is whole again: releasing a
+// buffer may run Python code (a finalizer) that makes or drops Works.
 void sweep(bool full) {
   auto& list = orphans();
   if (list.empty()) return;
   if (!full && list.size() < sweep_at && !list.front().work->is_completed()) return;
+  std::vector<Orphan> done;
   size_t kept = 0;
   for (Orphan& o : list) {
     if (o.work->is_completed()) {
-      release(o);
+      done.push_back(std::move(o));
     } else {
       list[kept++] = std::move(o);
     }
   }
   list.resize(kept);
   sweep_at = std::max<size_t>(64, 2 * kept);
+  for (Orphan& o : done) release(o);
 }
 
 PyObject* seconds_fn = nullptr;  // ringcomm.work.seconds, registered at its import
