@@ -16,7 +16,8 @@ import harness
 from checks import BIG, compare, empty_buf, first_line, gen, make_buf
 
 WORLD_SIZES = [1, 2, 3, 4]
-SECTIONS = ("barrier", "send_recv", "async", "handoff", "dropped_work", "split", "threads", "bad_inputs", "small_all_reduce")
+SECTIONS = ("barrier", "send_recv", "async", "handoff", "dropped_work", "split", "threads", "bad_inputs",
+            "small_all_reduce")
 
 
 # ---------------------------------------------------------------------- sections
