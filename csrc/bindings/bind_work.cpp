@@ -85,9 +85,7 @@ PyObject* seconds_fn = nullptr;  // ringcomm.work.seconds, registered at its imp
 
 void work_dealloc(PyObject* self) {
   auto* p = reinterpret_cast<PyWork*>(self);
-  bool holds = false;
-  for (PyObject* k : p->keep) holds = holds || k != nullptr;
-  if (p->work && holds && !p->work->is_completed()) {
+  if (p->work && !p->work->is_completed()) {
     Orphan o;
     o.work = std::move(p->work);
     for (int i = 0; i < kKeep; ++i) o.keep[i] = p->keep[i];  // the references move

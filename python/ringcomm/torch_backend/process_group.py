@@ -245,20 +245,16 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         # (it reads any contiguous shape), without the general path's staging.
         # Every step here is paid per call: about as much as the 4-byte
         # all_reduce itself (benchmarks/torch_overhead.py).
-        # (_fast_tensor's checks written out here: a call less.)
-        if type(tensors) is list and len(tensors) == 1 and opts is not None and not self._detail:
-            t = tensors[0]
-            native = self._comm._native
-            if (type(t) is torch.Tensor and native is not None and t.dtype in _FAST_DTYPES and t.is_cpu
-                    and t.layout is _STRIDED and self._coalesced is None and t.is_contiguous()
-                    and not _profiler_enabled()):
-                r = opts.reduceOp
-                rop = _SUM_VALUE if r == _TORCH_SUM else int(reduce_op(r))
-                self._seq += 1
-                if not opts.asyncOp:
-                    native.all_reduce(t, rop, False)
-                    return RingcommWork((), tensors)
-                return RingcommWork([native.all_reduce(t, rop, True)], tensors, None, self._completer)
+        t = self._fast_tensor(tensors) if opts is not None and not self._detail else None
+        native = self._comm._native
+        if t is not None and native is not None:
+            r = opts.reduceOp
+            rop = _SUM_VALUE if r == _TORCH_SUM else int(reduce_op(r))
+            self._seq += 1
+            if not opts.asyncOp:
+                native.all_reduce(t, rop, False)
+                return RingcommWork((), tensors)
+            return RingcommWork([native.all_reduce(t, rop, True)], tensors, None, self._completer)
         op = _op_of(opts)
         tensors = _as_list(tensors)
         staging, calls = Staging(), []
