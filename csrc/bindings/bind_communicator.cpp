@@ -77,6 +77,7 @@ void bind_communicator(py::module_& m) {
            py::arg("hosts"), py::arg("ports"), py::arg("secret"))
       .def("transport_of", &C::transport_of, py::arg("peer"))
       .def("tcp_frames_read", &C::tcp_frames_read)
+      .def("tcp_frames_in_place", &C::tcp_frames_in_place)
       .def("probe_pull", &C::probe_pull)
       .def("set_pull", &C::set_pull)
       .def("set_wait", [](C& c, double spin_us, double yield_us) {

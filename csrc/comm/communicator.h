@@ -115,6 +115,13 @@ class Communicator {
     return tcp_ ? std::make_pair(tcp_->frames_read_by_io(), tcp_->frames_read_by_caller())
                 : std::make_pair(uint64_t{0}, uint64_t{0});
   }
+  // Large data frames that moved without a copy through a slot: {sent from
+  // the caller's memory (Link::send_ref), read straight into it
+  // (Link::post_recv)}; {0, 0} without TCP peers.
+  std::pair<uint64_t, uint64_t> tcp_frames_in_place() const {
+    return tcp_ ? std::make_pair(tcp_->frames_sent_by_ref(), tcp_->frames_landed())
+                : std::make_pair(uint64_t{0}, uint64_t{0});
+  }
   // Whether this rank can read every peer's memory (cross-memory attach);
   // all ranks must then agree (set_pull) before pull schedules are used.
   bool probe_pull() { return shm_->probe_remote_read() && router_.can_read_remote(); }

@@ -130,6 +130,7 @@ void Communicator::execute_p2p(P2pMember* first, size_t n, bool take_queued) {
         m.work->fail(kind, e.what());
       }
     }
+    router_.release_refs();  // a send that failed before drive() did (while posting)
     matcher_.reset();
     for (P2pMember& m : group) matcher_.finish(m.op);
     // Members not posted yet (the error came while posting).

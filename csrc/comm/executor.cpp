@@ -48,6 +48,8 @@ const Executor::PeerLink& Executor::look_up_link(int p) {
   PeerLink& l = peer_links_[static_cast<size_t>(p)];
   Link* link = transport_->link(p);  // throws for a peer this rank has no link to
   l.slot_bytes = link->slot_bytes();
+  l.ref_min = link->ref_min_bytes();
+  l.post_min = link->post_min_bytes();
   l.link = link;
   return l;
 }
@@ -139,8 +141,38 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
   Link* in = s.recv_peer >= 0 ? peer_link(s.recv_peer).link : nullptr;
   Link* out = s.send_peer >= 0 ? peer_link(s.send_peer).link : nullptr;
   const size_t slot = peer_link(in ? s.recv_peer : s.send_peer).slot_bytes;
+  // Segments this large leave from the call's memory (Link::send_ref) where
+  // the step sends bytes that stay in a buffer of the call: kSend's source,
+  // the destination the copy or the reduction has just written. The step is
+  // complete once the link no longer reads them (a later step may write
+  // there).
+  const size_t ref_min = out && s.kind != StepKind::kRecvReduceSend ? peer_link(s.send_peer).ref_min : SIZE_MAX;
+  // A plain receive's large segments land in place (Link::post_recv).
+  const size_t post_min = s.kind == StepKind::kRecv ? peer_link(s.recv_peer).post_min : SIZE_MAX;
   while (!p.complete) {
+    if (p.ticket && p.done == s.nbytes) {  // every segment is queued
+      if (!out->sent(p.ticket)) break;
+      p.complete = true;
+      moved = true;
+      break;
+    }
+    if (p.posted) {
+      bool over = false;
+      if (in->take_landed(slot, &p.landed, &p.done, &p.segment, &over)) moved = true;
+      if (!over) break;
+      p.posted = false;
+      if (p.done == s.nbytes) {
+        p.complete = true;
+        break;
+      }
+    }
     const size_t n = std::min(slot, s.nbytes - p.done);
+    if (n >= post_min && in->post_recv(dst + p.done, s.nbytes - p.done, tag, p.segment, slot)) {
+      p.posted = true;
+      p.landed = 0;
+      continue;
+    }
+    const bool by_ref = n >= ref_min;
     const char* payload = nullptr;
     const MsgHeader* h = nullptr;
     if (in) {
@@ -165,7 +197,7 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     const size_t elems = reducer ? n / reducer->elem_size : 0;
     switch (s.kind) {
       case StepKind::kSend:
-        if (n) std::memcpy(slot_ptr, src + p.done, n);
+        if (n && !by_ref) std::memcpy(slot_ptr, src + p.done, n);
         break;
       case StepKind::kRecv:
         if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
@@ -184,12 +216,12 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
       case StepKind::kRecvReduceCopySend:
         reducer->fn(dst + p.done, src + p.done, payload, elems);
         if (s.divide) reducer->divide(dst + p.done, elems, world_);
-        if (n) std::memcpy(slot_ptr, dst + p.done, n);
+        if (n && !by_ref) std::memcpy(slot_ptr, dst + p.done, n);
         break;
       case StepKind::kRecvCopySend:
         // Both copies read the payload (in cache), not dst (it may have been
         // written around the cache).
-        if (n) std::memcpy(slot_ptr, payload, n);
+        if (n && !by_ref) std::memcpy(slot_ptr, payload, n);
         if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
           copy_streaming(dst + p.done, payload, n);
         } else if (n) {
@@ -204,13 +236,18 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
       oh.tag = tag;
       oh.nbytes = static_cast<uint32_t>(n);
       oh.segment = p.segment;
-      out->send_commit(oh);
+      if (by_ref) {
+        // send_slot said a slot is free: the reference takes it.
+        p.ticket = out->send_ref(s.kind == StepKind::kSend ? src + p.done : dst + p.done, oh);
+      } else {
+        out->send_commit(oh);
+      }
     }
     if (in) in->recv_release();
     p.done += n;
     ++p.segment;
     moved = true;
-    if (p.done == s.nbytes) p.complete = true;
+    if (p.done == s.nbytes && !p.ticket) p.complete = true;
   }
   return moved;
 }

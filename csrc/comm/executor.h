@@ -149,6 +149,8 @@ class Executor {
   struct PeerLink {
     Link* link = nullptr;
     size_t slot_bytes = 0;
+    size_t ref_min = SIZE_MAX;  // segments of at least this many bytes may be sent by reference
+    size_t post_min = SIZE_MAX;  // ... and received in place (Link::post_recv)
   };
   const PeerLink& peer_link(int p) {
     const PeerLink& l = peer_links_[static_cast<size_t>(p)];
@@ -253,7 +255,11 @@ void Executor::drive(StepF&& step, DoneF&& done, const Clock::time_point& deadli
       }
     }
   } catch (const PeerLostError& e) {
+    transport_->release_refs();
     rethrow_peer_lost(e);
+  } catch (...) {
+    transport_->release_refs();  // nothing reads the call's memory once it has failed
+    throw;
   }
 }
 

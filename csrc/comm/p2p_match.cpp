@@ -99,6 +99,7 @@ void P2pMatcher::reset() {
     p.send_head = 0;
     p.pull_pending = nullptr;
     p.in_op = nullptr;
+    p.in_posted = false;  // the communicator cancelled the post (Transport::release_refs)
     if (p.in_active && !p.in_held) p.in_active = false;  // its receive is gone: the stream cannot go on
     p.named = 0;
   }
@@ -269,18 +270,31 @@ bool P2pMatcher::push_sends(int p, Peer& peer) {
     }
     h.tag.algo = kFamilyFifo;
     const size_t slot_bytes = link->slot_bytes();
+    // Large segments leave from the user's buffer (Link::send_ref); the send
+    // is complete once the link no longer reads it.
+    const size_t ref_min = link->ref_min_bytes();
     while (!op->complete) {
+      if (op->ticket && op->done == op->nbytes) {
+        if (!link->sent(op->ticket)) return moved;
+        op->complete = true;
+        moved = true;
+        break;
+      }
       const size_t n = std::min(slot_bytes, op->nbytes - op->done);
       char* slot = link->send_slot(page_offset(op->buf + op->done));
       if (!slot) return moved;
-      if (n) std::memcpy(slot, op->buf + op->done, n);
       h.nbytes = static_cast<uint32_t>(n);
       h.segment = op->segment;
-      link->send_commit(h);
+      if (n >= ref_min) {
+        op->ticket = link->send_ref(op->buf + op->done, h);
+      } else {
+        if (n) std::memcpy(slot, op->buf + op->done, n);
+        link->send_commit(h);
+      }
       op->done += n;
       ++op->segment;
       moved = true;
-      if (op->done == op->nbytes) op->complete = true;
+      if (op->done == op->nbytes && !op->ticket) op->complete = true;
     }
     ++peer.send_head;
   }
@@ -295,6 +309,27 @@ bool P2pMatcher::pull_receive(int p, Peer& peer, bool hold_all) {
   // Only while a receive may want what comes next: a peer that closed after
   // its last message must not fail a rank that has all it needs.
   while (hold_all || peer.in_active || peer.named > 0 || any_posted_ > 0) {
+    // A matched receive's large segments land in its buffer (Link::post_recv).
+    if (peer.in_posted) {
+      bool over = false;
+      if (link->take_landed(link->slot_bytes(), &peer.in_landed, &peer.in_done, &peer.in_segment, &over)) {
+        peer.in_op->done = peer.in_done;
+        moved = true;
+      }
+      if (!over) return moved;
+      peer.in_posted = false;
+      if (peer.in_done == peer.in_total) {
+        end_message(peer);
+        continue;
+      }
+    } else if (peer.in_active && peer.in_op &&
+               std::min(link->slot_bytes(), peer.in_total - peer.in_done) >= link->post_min_bytes() &&
+               link->post_recv(peer.in_op->buf + peer.in_done, peer.in_total - peer.in_done, peer.in_tag,
+                               peer.in_segment, link->slot_bytes())) {
+      peer.in_posted = true;
+      peer.in_landed = 0;
+      continue;
+    }
     const char* payload = nullptr;
     const MsgHeader* h = link->recv_peek(&payload);
     if (!h || h->tag.kind != static_cast<uint8_t>(OpKind::kSend)) return moved;  // nothing, or a collective's
@@ -369,6 +404,7 @@ bool P2pMatcher::pull_receive(int p, Peer& peer, bool hold_all) {
         peer.in_held = &m;
       }
       peer.in_active = true;
+      peer.in_tag = t;
       peer.in_seq = t.seq;
       peer.in_segment = 0;
       peer.in_total = total;
@@ -395,18 +431,20 @@ bool P2pMatcher::pull_receive(int p, Peer& peer, bool hold_all) {
     ++peer.in_segment;
     if (peer.in_op) peer.in_op->done = peer.in_done;
     moved = true;
-    if (peer.in_done == peer.in_total) {
-      if (peer.in_op) {
-        peer.in_op->complete = true;
-      } else {
-        peer.in_held->complete = true;
-      }
-      peer.in_active = false;
-      peer.in_op = nullptr;
-      peer.in_held = nullptr;
-    }
+    if (peer.in_done == peer.in_total) end_message(peer);
   }
   return moved;
+}
+
+void P2pMatcher::end_message(Peer& peer) {
+  if (peer.in_op) {
+    peer.in_op->complete = true;
+  } else {
+    peer.in_held->complete = true;
+  }
+  peer.in_active = false;
+  peer.in_op = nullptr;
+  peer.in_held = nullptr;
 }
 
 bool P2pMatcher::progress() {

@@ -35,6 +35,7 @@ struct P2pOp {
   int64_t got_tag = 0;    // recv: that message's tag
   size_t done = 0;        // bytes moved
   uint64_t segment = 0;   // segments moved
+  uint64_t ticket = 0;    // send: its last segment sent by reference (Link::send_ref), 0: none
   uint64_t order = 0;     // post order (matching takes the oldest posted receive)
   bool in_use = false;
 };
@@ -95,6 +96,9 @@ class P2pMatcher {
     uint64_t in_seq = 0;       // the sender's message number
     uint64_t in_segment = 0;   // the next segment expected
     size_t in_total = 0, in_done = 0;
+    MsgTag in_tag;             // the header every segment of the message carries
+    bool in_posted = false;    // the rest of in_op's message is posted to land in place (Link::post_recv)
+    size_t in_landed = 0;      // ... and this much of it has
     uint64_t last_seq = 0;     // the last message number seen from this peer
     int named = 0;             // posted receives naming this peer, unmatched
     bool blocked = false;      // the head did not fit under the cap
@@ -102,6 +106,7 @@ class P2pMatcher {
 
   bool push_sends(int p, Peer& peer);
   bool pull_receive(int p, Peer& peer, bool hold_all = false);
+  void end_message(Peer& peer);  // the message streaming in from `peer` is complete
   P2pOp* match_posted(int p, int64_t tag);
   void check_sizes(const P2pOp& op, int src, uint8_t dtype, uint64_t count, int64_t tag) const;
   void take_held(P2pOp& op, int p, Peer& peer, std::list<Held>::iterator it);

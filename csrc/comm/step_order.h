@@ -27,6 +27,9 @@ struct StepProgress {
   size_t done = 0;       // bytes moved
   uint64_t segment = 0;  // segments moved: the number of the next one
   bool complete = false;
+  uint64_t ticket = 0;   // the last segment sent by reference (Link::send_ref), 0: none
+  bool posted = false;   // the rest is posted to land in place (Link::post_recv)
+  size_t landed = 0;     // ... and this much of it has (as posted() last said)
 };
 
 // Steps beyond the first incomplete one that a pass looks at. The FIFO order

@@ -47,6 +47,54 @@ class Link {
   // Returns the segment from the last recv_peek to the sender.
   virtual void recv_release() = 0;
 
+  // Zero-copy sends (transports that stage slots locally, TCP): a segment of
+  // at least ref_min_bytes() may leave straight from the caller's memory.
+  // Instead of send_commit, send_ref publishes the slot the last send_slot
+  // returned as a frame whose payload is `src` (header.nbytes bytes), and
+  // returns a ticket; the bytes must stay unchanged until sent(ticket), when
+  // the transport no longer reads them. A caller that stops before that (an
+  // error) calls Transport::release_refs(), which copies what is still
+  // referenced into the transport's own slots. SIZE_MAX: the link has no
+  // such sends.
+  virtual size_t ref_min_bytes() const { return SIZE_MAX; }
+  virtual uint64_t send_ref(const char* src, const MsgHeader& header);
+  virtual bool sent(uint64_t /*ticket*/) { return true; }
+
+  // Receives straight into the caller's memory (transports that stage slots
+  // locally, TCP), for transfers whose segments need no reduction: post_recv
+  // asks for the next segments from this peer, `nbytes` bytes in segments
+  // of seg_bytes (the last one shorter) numbered from `segment`, all with
+  // `tag`, to land at `dst` instead of in slots. False: not now (a segment
+  // is waiting in a slot or being read into one: take it with recv_peek).
+  // Then posted() says how many bytes have landed (whole segments, in order)
+  // and, in *over, whether the post has ended: everything landed, or a frame
+  // that is not the next segment came (it, and what follows, go through
+  // recv_peek), or the link stopped being open. Until it has ended, recv_peek
+  // sees nothing; a caller that stops before (an error) calls
+  // Transport::release_refs(), after which nothing is written to `dst`.
+  // SIZE_MAX: the link has no such receives.
+  virtual size_t post_min_bytes() const { return SIZE_MAX; }
+  virtual bool post_recv(char* /*dst*/, size_t /*nbytes*/, const MsgTag& /*tag*/, uint64_t /*segment*/,
+                         size_t /*seg_bytes*/) {
+    return false;
+  }
+  virtual size_t posted(bool* over) {
+    *over = true;
+    return 0;
+  }
+  // posted(), counted into a transfer's progress: what landed since *landed
+  // (segments of seg_bytes but the last) is added to *done and *segment.
+  // Returns whether anything landed; *over as posted() says.
+  bool take_landed(size_t seg_bytes, size_t* landed, size_t* done, uint64_t* segment, bool* over) {
+    const size_t now = posted(over);
+    if (now == *landed) return false;
+    const size_t delta = now - *landed;
+    *done += delta;
+    *segment += (delta + seg_bytes - 1) / seg_bytes;
+    *landed = now;
+    return true;
+  }
+
   // Single copy: reads `nbytes` at `remote_addr` in the peer's address space
   // into `dst`. Only links whose transport reported the capability (see
   // Transport::can_read_remote) are asked; others throw.

@@ -34,6 +34,9 @@ class Router : public Transport {
   std::string peer_gone(int peer) override { return routes_[peer]->peer_gone(peer); }
   bool any_peer_aborted() override;
   void announce_departure() override;
+  void release_refs() override {
+    for (Transport* t : all_) t->release_refs();
+  }
   void record_call(const CallRecordView& call) override {
     for (Transport* t : all_) t->record_call(call);
   }

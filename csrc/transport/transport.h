@@ -37,6 +37,12 @@ class Transport {
   // (progress was made) the sleep is skipped.
   virtual void sleep(Clock::time_point until, const std::function<bool()>& recheck) = 0;
 
+  // A call stops early (an error): every segment still queued by reference
+  // (Link::send_ref) is copied into the transport's own slots, so nothing
+  // reads the caller's memory once the call has returned. Safe from the
+  // executor's thread while the transport's threads run.
+  virtual void release_refs() {}
+
   // Whether Link::read_remote works towards every peer this transport
   // reaches (checked by a probe read at connect time).
   virtual bool can_read_remote() { return false; }

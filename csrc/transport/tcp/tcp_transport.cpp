@@ -62,6 +62,7 @@ class TcpLink : public Link {
         n_(static_cast<uint64_t>(nslots)),
         stride_(tcp::slot_stride(slot_bytes)),
         out_hdr_(nslots),
+        out_ref_(nslots, nullptr),
         in_hdr_(nslots) {
     mem_bytes_ = 2 * n_ * stride_;
     void* p = ::mmap(nullptr, mem_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -78,29 +79,114 @@ class TcpLink : public Link {
   size_t slot_bytes() const override { return slot_bytes_; }
 
   char* send_slot(uint32_t page_offset) override {
-    check_local_abort();
-    const int st = state_.load(std::memory_order_acquire);
-    if (st == kPeerClosed) {
-      throw Error("ringcomm: rank " + std::to_string(peer_) + " closed its communicator; rank " +
-                  std::to_string(rank_) + " cannot send to it (did the ranks issue different calls?)");
-    }
-    if (st == kFailed || st == kLost) return nullptr;  // the executor reports peer_abort_reason() / poll_peers()
-    const uint64_t tail = out_tail_.load(std::memory_order_relaxed);
-    if (tail - out_head_.load(std::memory_order_acquire) >= n_) return nullptr;
+    if (!out_room()) return nullptr;
     send_offset_ = page_offset % kPageBytes;
-    return out_data(tail) + send_offset_;
+    return out_data(out_tail_.load(std::memory_order_relaxed)) + send_offset_;
   }
 
   void send_commit(const MsgHeader& header) override {
     const uint64_t tail = out_tail_.load(std::memory_order_relaxed);
     FrameHeader& f = out_hdr_[tail % n_];
     f = tcp::data_frame(header, send_offset_);
+    out_ref_[tail % n_] = nullptr;
     out_tail_.store(tail + 1, std::memory_order_release);
     if (f.nbytes <= kInlineBytes && owner_->send_now(*this, tail)) return;
     owner_->notify_io();
   }
 
+  // Large segments leave from the caller's memory: the I/O thread's sendmsg
+  // reads them there, which saves the copy into a slot.
+  size_t ref_min_bytes() const override { return kInlineBytes + 1; }
+
+  uint64_t send_ref(const char* src, const MsgHeader& header) override {
+    const uint64_t tail = out_tail_.load(std::memory_order_relaxed);
+    out_hdr_[tail % n_] = tcp::data_frame(header, page_offset(src));
+    out_ref_[tail % n_] = src;
+    out_tail_.store(tail + 1, std::memory_order_release);
+    owner_->count_ref();
+    owner_->notify_io();
+    return tail + 1;
+  }
+
+  bool sent(uint64_t ticket) override { return out_head_.load(std::memory_order_acquire) >= ticket; }
+
+  // (executor) Copies the payloads still queued by reference into their
+  // slots (Transport::release_refs). Under wmu_: the I/O thread is not in a
+  // sendmsg that reads them.
+  void detach_refs() {
+    std::lock_guard<std::mutex> lk(wmu_);
+    const uint64_t tail = out_tail_.load(std::memory_order_relaxed);
+    for (uint64_t i = out_head_.load(std::memory_order_relaxed); i < tail; ++i) {
+      const char*& ref = out_ref_[i % n_];
+      if (!ref) continue;
+      const FrameHeader& f = out_hdr_[i % n_];
+      std::memcpy(out_data(i) + f.payload_offset, ref, f.nbytes);
+      ref = nullptr;
+    }
+  }
+
+  // Large data frames land in the caller's memory (post_recv): the I/O
+  // thread's recv writes them there, which saves the copy out of a slot.
+  size_t post_min_bytes() const override { return kInlineBytes + 1; }
+
+  bool post_recv(char* dst, size_t nbytes, const MsgTag& tag, uint64_t segment, size_t seg_bytes) override {
+    if (post_active_ || nbytes == 0 || in_tail_.load(std::memory_order_acquire) != in_head_.load(std::memory_order_relaxed)) {
+      return false;
+    }
+    std::lock_guard<std::mutex> lk(rmu_);
+    // Only at a frame boundary with nothing in the ring: the next frame the
+    // I/O thread reads is the first that may be the posted one.
+    if (!fd_.valid() || eof_ || rstate_ != kHeader || rgot_ != 0 || state_.load(std::memory_order_relaxed) != kOpen ||
+        owner_->winding_down() || in_tail_.load(std::memory_order_relaxed) != in_head_.load(std::memory_order_relaxed)) {
+      return false;
+    }
+    posted_ = true;
+    post_dst_ = dst;
+    post_left_ = nbytes;
+    post_seg_ = segment;
+    post_seg_bytes_ = seg_bytes;
+    post_tag_ = tag;
+    post_landed_.store(0, std::memory_order_relaxed);
+    post_over_.store(false, std::memory_order_relaxed);
+    post_active_ = true;
+    return true;
+  }
+
+  size_t posted(bool* over) override {
+    bool ended = post_over_.load(std::memory_order_acquire);
+    if (!ended && state_.load(std::memory_order_acquire) != kOpen) {
+      cancel_post();  // what comes now (if anything) is for recv_peek, which reports the link's state
+      ended = true;
+    }
+    const size_t landed = post_landed_.load(std::memory_order_acquire);
+    if (ended) post_active_ = false;
+    *over = ended;
+    return landed;
+  }
+
+  // (executor) Ends a post: a frame being read into the caller's memory
+  // finishes in a slot instead (Transport::release_refs after an error).
+  void cancel_post() {
+    std::lock_guard<std::mutex> lk(rmu_);
+    if (posted_ && rdirect_) {
+      const uint64_t slot = in_tail_.load(std::memory_order_relaxed);  // free: the ring was empty
+      in_hdr_[slot % n_] = tcp::data_header(rhdr_);
+      rdst_ = in_data(slot) + rhdr_.payload_offset + (rhdr_.nbytes - rleft_);
+      rdirect_ = false;
+    }
+    posted_ = false;
+    post_over_.store(true, std::memory_order_release);
+    post_active_ = false;
+  }
+
+  // (io, under wmu_) Where frame i's payload lies: its slot, or the caller's memory.
+  const char* out_payload(uint64_t i) const {
+    const char* ref = out_ref_[i % n_];
+    return ref ? ref : out_data(i) + out_hdr_[i % n_].payload_offset;
+  }
+
   const MsgHeader* recv_peek(const char** payload) override {
+    if (post_active_) return nullptr;  // the posted segments come first (posted())
     const uint64_t head = in_head_.load(std::memory_order_relaxed);
     if (in_tail_.load(std::memory_order_acquire) == head && !owner_->recv_now(*this)) {
       check_local_abort();
@@ -122,6 +208,18 @@ class TcpLink : public Link {
   void recv_release() override {
     in_head_.store(in_head_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     owner_->notify_io();  // the I/O thread may be waiting for room in a full ring
+  }
+
+  // Whether the executor may queue a segment now (throws when the peer closed).
+  bool out_room() {
+    check_local_abort();
+    const int st = state_.load(std::memory_order_acquire);
+    if (st == kPeerClosed) {
+      throw Error("ringcomm: rank " + std::to_string(peer_) + " closed its communicator; rank " +
+                  std::to_string(rank_) + " cannot send to it (did the ranks issue different calls?)");
+    }
+    if (st == kFailed || st == kLost) return false;  // the executor reports peer_abort_reason() / poll_peers()
+    return out_tail_.load(std::memory_order_relaxed) - out_head_.load(std::memory_order_acquire) < n_;
   }
 
   std::string failure() const {
@@ -159,6 +257,10 @@ class TcpLink : public Link {
   char* mem_ = nullptr;  // out slots, then in slots
   size_t mem_bytes_ = 0;
   std::vector<FrameHeader> out_hdr_;
+  // Per out slot: the caller's memory a frame is sent from (send_ref), or
+  // null (the payload is in the slot). Written by the executor before it
+  // publishes the frame; cleared by it under wmu_ (detach_refs).
+  std::vector<const char*> out_ref_;
   std::vector<MsgHeader> in_hdr_;
 
   alignas(64) std::atomic<uint64_t> out_tail_{0};  // committed by the executor
@@ -224,6 +326,19 @@ class TcpLink : public Link {
   char* rdst_ = nullptr;
   size_t rleft_ = 0;
   std::string rreason_;
+  // A post (post_recv), guarded by rmu_: the I/O thread reads matching data
+  // frames to post_dst_ (rdirect_: the frame being read goes there) and
+  // counts what landed; post_over_ once it has ended.
+  bool posted_ = false;
+  bool rdirect_ = false;
+  char* post_dst_ = nullptr;
+  size_t post_left_ = 0;
+  uint64_t post_seg_ = 0;
+  size_t post_seg_bytes_ = 0;
+  MsgTag post_tag_;
+  std::atomic<size_t> post_landed_{0};
+  std::atomic<bool> post_over_{true};
+  bool post_active_ = false;  // (executor) a post that posted() has not seen end
 };
 
 TcpTransport::TcpTransport(int rank, int world, size_t slot_bytes, int nslots, Transport* home)
@@ -429,6 +544,18 @@ void TcpTransport::lose(int peer, const std::string& why, bool timed_out) {
   home_->wake();
 }
 
+void TcpTransport::release_refs() {
+  std::vector<TcpLink*> links;
+  {
+    std::lock_guard<std::mutex> lk(links_mu_);
+    for (auto& l : owned_) links.push_back(l.get());
+  }
+  for (TcpLink* l : links) {  // each takes one of the link's locks at a time
+    l->detach_refs();
+    if (l->post_active_) l->cancel_post();
+  }
+}
+
 void TcpTransport::poll_peers() {
   for (int p = 0; p < world_; ++p) {
     TcpLink* l = links_[p].load(std::memory_order_acquire);
@@ -601,7 +728,7 @@ bool TcpTransport::send_now(TcpLink& l, uint64_t i) {
     return false;
   }
   FrameHeader& f = l.out_hdr_[i % l.n_];
-  struct iovec iov[2] = {{&f, sizeof f}, {l.out_data(i) + f.payload_offset, f.nbytes}};
+  struct iovec iov[2] = {{&f, sizeof f}, {const_cast<char*>(l.out_payload(i)), f.nbytes}};
   struct msghdr msg{};
   msg.msg_iov = iov;
   msg.msg_iovlen = f.nbytes ? 2 : 1;
@@ -626,7 +753,7 @@ bool TcpTransport::send_now(TcpLink& l, uint64_t i) {
 bool TcpTransport::recv_now(TcpLink& l) {
   if (l.in_tail_.load(std::memory_order_relaxed) == l.recv_now_skip_) return false;
   std::unique_lock<std::mutex> lk(l.rmu_, std::try_to_lock);
-  if (!lk.owns_lock() || !l.fd_.valid() || l.eof_ || l.rstate_ != TcpLink::kHeader || l.rgot_ != 0 ||
+  if (!lk.owns_lock() || !l.fd_.valid() || l.eof_ || l.posted_ || l.rstate_ != TcpLink::kHeader || l.rgot_ != 0 ||
       l.state_.load(std::memory_order_relaxed) != TcpLink::kOpen || stop_.load(std::memory_order_relaxed) ||
       aborted_.load(std::memory_order_relaxed) || !l.in_has_room()) {
     return false;
@@ -710,7 +837,7 @@ bool TcpTransport::pump_out(TcpLink& l) {
         } else {
           skip -= sizeof f;
         }
-        if (f.nbytes > skip) iov[n++] = {l.out_data(i) + f.payload_offset + skip, f.nbytes - skip};
+        if (f.nbytes > skip) iov[n++] = {const_cast<char*>(l.out_payload(i)) + skip, f.nbytes - skip};
         skip = 0;
       }
     }
@@ -843,6 +970,19 @@ bool TcpTransport::pump_in(TcpLink& l) {
           l.rstate_ = f.nbytes ? TcpLink::kSkip : TcpLink::kHeader;
           continue;
         }
+        if (l.posted_) {
+          if (f.nbytes == std::min(l.post_seg_bytes_, l.post_left_) && f.segment == l.post_seg_ &&
+              f.tag == l.post_tag_) {
+            l.rdst_ = l.post_dst_;  // the posted segment: straight into the caller's memory
+            l.rleft_ = f.nbytes;
+            l.rstate_ = TcpLink::kPayload;
+            l.rdirect_ = true;
+            continue;
+          }
+          l.posted_ = false;  // not what was posted: this frame and the rest go to the ring
+          l.post_over_.store(true, std::memory_order_release);
+          published = true;
+        }
         const uint64_t slot = l.in_tail_.load(std::memory_order_relaxed);
         l.in_hdr_[slot % l.n_] = tcp::data_header(f);
         l.rdst_ = l.in_data(slot) + f.payload_offset;
@@ -887,7 +1027,21 @@ bool TcpTransport::pump_in(TcpLink& l) {
       if (l.rleft_ != 0) continue;
     }
     // A frame is complete.
-    if (l.rstate_ == TcpLink::kPayload) {
+    if (l.rstate_ == TcpLink::kPayload && l.rdirect_) {
+      l.rdirect_ = false;
+      const size_t n = l.rhdr_.nbytes;
+      l.post_dst_ += n;
+      l.post_left_ -= n;
+      ++l.post_seg_;
+      l.post_landed_.store(l.post_landed_.load(std::memory_order_relaxed) + n, std::memory_order_release);
+      if (l.post_left_ == 0) {
+        l.posted_ = false;
+        l.post_over_.store(true, std::memory_order_release);
+      }
+      published = true;
+      ++frames;
+      frames_landed_.fetch_add(1, std::memory_order_relaxed);
+    } else if (l.rstate_ == TcpLink::kPayload) {
       l.in_tail_.store(l.in_tail_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
       published = true;
       ++frames;

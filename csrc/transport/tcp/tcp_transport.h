@@ -37,6 +37,23 @@
 // arrives or a slot frees, the I/O thread calls home->wake(): the executor of
 // this rank always sleeps on the shared-memory doorbell.
 //
+// Large segments (more than kInlineBytes) of the caller's own memory leave
+// by reference (Link::send_ref): the frame names the caller's bytes instead
+// of a slot, and the I/O thread's sendmsg reads them there, so a large
+// transfer is copied once on the sending side (into the kernel), as a plain
+// socket's is. The executor counts such a send complete only once the I/O
+// thread has moved past it (Link::sent); a call that fails first copies what
+// is still queued into the slots (release_refs, under wmu_), so the I/O
+// thread never reads memory that a returned call handed back.
+//
+// The receiving side's counterpart: a transfer's large segments that need
+// no reduction (a plain receive, a point-to-point message) are posted
+// (Link::post_recv) while nothing waits in the ring, and the I/O thread reads
+// each frame that is the next posted segment straight into the caller's
+// memory; the first frame that is not ends the post and goes to the ring as
+// usual. An error cancels a post (release_refs, under rmu_): a frame being
+// read into the caller's memory finishes in a slot.
+//
 // Failures: an ABORT frame from the peer, a connection that ends without the
 // CLOSE frame (a dead process; an aborted rank keeps its connections open
 // and says goodbye when it closes, so peer_gone() also names a rank whose
@@ -96,6 +113,7 @@ class TcpTransport : public Transport {
   // The link to `peer`; the first call asks for its connection.
   Link* link(int peer) override;
   void poll_peers() override;
+  void release_refs() override;
   std::string peer_gone(int peer) override;
   void sleep(Clock::time_point until, const std::function<bool()>& recheck) override {
     home_->sleep(until, recheck);
@@ -120,10 +138,18 @@ class TcpTransport : public Transport {
   bool recv_now(TcpLink& l);
   // Non-empty once this rank announced an abort.
   std::string local_abort() const;
+  // This rank aborted or is closing (the I/O thread then discards what comes).
+  bool winding_down() const {
+    return aborted_.load(std::memory_order_relaxed) || stop_.load(std::memory_order_relaxed);
+  }
   // Data frames received so far: read by the I/O thread, and by the
   // executor itself (recv_now).
   uint64_t frames_read_by_io() const { return frames_io_.load(std::memory_order_relaxed); }
   uint64_t frames_read_by_caller() const { return frames_caller_.load(std::memory_order_relaxed); }
+  // Data frames sent from the caller's memory, and read straight into it.
+  uint64_t frames_sent_by_ref() const { return frames_ref_.load(std::memory_order_relaxed); }
+  uint64_t frames_landed() const { return frames_landed_.load(std::memory_order_relaxed); }
+  void count_ref() { frames_ref_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   Link* open_link(int peer, bool dial);
@@ -171,6 +197,8 @@ class TcpTransport : public Transport {
 
   std::atomic<uint64_t> frames_io_{0};
   std::atomic<uint64_t> frames_caller_{0};
+  std::atomic<uint64_t> frames_ref_{0};
+  std::atomic<uint64_t> frames_landed_{0};
   std::atomic<uint32_t> io_sleeping_{0};
   std::atomic<bool> stop_{false};     // close(): drain, say goodbye, exit
   std::atomic<bool> aborted_{false};  // announce_abort() was called
