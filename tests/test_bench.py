@@ -21,7 +21,8 @@ from ringcomm.bench.collectives import COLLECTIVES, busbw_factor, resolve_ops
 from ringcomm.bench.report import (Cell, Row, Table, build_report, machine_facts,
                                    validate_report)
 from ringcomm.bench.sizes import parse_size, size_list
-from ringcomm.bench.timing import Measurement, Prepared, TimingParams, _schedule, measure, measure_side_by_side
+from ringcomm.bench.timing import (MAX_SETTLE_CALLS, Measurement, Prepared, TimingParams, _schedule, measure,
+                                   measure_side_by_side, prepare)
 
 SWEEP_TIMEOUT_S = 240
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -310,6 +311,38 @@ def test_measure_reports_a_deliberately_wrong_result(capsys):
     assert "Out of bounds values : 7 FAILED" in out
     row_line = next(line for line in out.splitlines() if line.startswith(" "))
     assert row_line.split()[-1] == "7"  # the #wrong column
+
+
+@pytest.mark.parametrize("explores, settles", [(0, 0), (4, 4), (1000, MAX_SETTLE_CALLS)])
+def test_warm_up_waits_for_a_tuning_backend_to_settle(explores, settles):
+    """A backend still trying candidates after the warm-up (ringcomm's tuner) runs on
+    until it says it has settled, at most MAX_SETTLE_CALLS calls, before the samples."""
+    coll = COLLECTIVES["all_reduce"]
+    layout = coll.layout(4096, 4, 1)
+    dtype = resolve_dtype("float32")
+    bufs = Buffers(Buffer(layout.in_count, dtype), Buffer(layout.out_count, dtype))
+    calls = []
+
+    class Tuning(_BrokenBackend):
+        def exploring(self):
+            return len(calls) - warm < explores
+
+    backend = Tuning(coll, layout, bad=0)
+    p = TimingParams(iters=3, min_iters=1, budget_s=10.0, warmup=5, check=False)
+
+    def make_run():
+        inner = backend.bind(coll, bufs, "sum", -1)
+
+        def run():
+            calls.append(1)
+            inner()
+        return run
+
+    warm = 5  # the checked call, the timed one, 3 more
+    prep = prepare(_FakeControl(), backend, make_run, coll, layout, bufs, "sum", -1, dtype, p, on_error=print)
+    assert prep.error is None
+    assert len(calls) == warm + settles
+    assert prep.warmup == warm + settles
 
 
 def test_side_by_side_takes_samples_in_turns():

@@ -52,6 +52,12 @@ class Backend:
     def describe(self) -> Dict[str, str]:
         return {}
 
+    def exploring(self) -> bool:
+        """Whether the backend is still trying candidates for the call it just ran
+        (the warm-up goes on until it is not: the samples are its steady state).
+        Every rank must answer alike after the same calls."""
+        return False
+
     def close(self) -> None:
         pass
 
@@ -108,6 +114,13 @@ class RingcommBackend(Backend):
             self.device = f"cuda:{local_rank % torch.cuda.device_count()}"
             torch.cuda.set_device(self.device)
             self.algo = "gpu " + (os.environ.get("RINGCOMM_GPU_ALGO") or "auto")
+
+    def exploring(self) -> bool:
+        # The tuner (auto) tries the other candidates of a size after its first
+        # calls; its state changes in the same call on every rank.
+        if not hasattr(self.comm, "tuning"):
+            return False
+        return any(t.get("state") == "exploring" for t in self.comm.tuning())
 
     def describe(self) -> Dict[str, str]:
         return {"version": str(getattr(self.rc, "__version__", "?")),

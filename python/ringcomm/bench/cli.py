@@ -29,7 +29,7 @@ from ringcomm.bench.collectives import COLLECTIVES, resolve_ops
 from ringcomm.bench.progress import Progress
 from ringcomm.bench.report import Cell, Row, Table, build_report, machine_facts, write_json
 from ringcomm.bench.sizes import format_size, parse_size, size_list
-from ringcomm.bench.timing import (Control, MemcpyAllReference, MemcpyReference, TimingParams,
+from ringcomm.bench.timing import (MAX_SETTLE_CALLS, Control, MemcpyAllReference, MemcpyReference, TimingParams,
                                    measure_side_by_side, prepare)
 
 COMMAND_ENV = "RINGCOMM_BENCH_COMMAND"
@@ -509,7 +509,8 @@ class Sweep:
                  + (f"x{args.stepfactor}" if args.stepfactor > 1 else f"+{args.stepbytes} B")
                  + f"; type {args.dtype.label}; redop {args.op}; root {args.root}; "
                  f"check {'on' if args.check else 'off'}")
-        self.say(f"#  iterations: warm-up up to {args.warmup}, timed {args.min_iters}..{args.iters}"
+        self.say(f"#  iterations: warm-up up to {args.warmup} (ringcomm's auto: then on while its tuner "
+                 f"tries candidates, up to {MAX_SETTLE_CALLS} calls), timed {args.min_iters}..{args.iters}"
                  f" (fewer when a size would take over {args.budget:g} s)")
         self.say("#  time = median over iterations of the slowest rank's time per call. An "
                  "iteration is a barrier of the")

@@ -6,7 +6,10 @@ For one (primitive, size, backend):
    every rank (it is also the first warm-up call);
 2. warm-up: one timed call, then up to ``warmup - 2`` more back to back (fewer when
    they would not fit a quarter of the time budget), timed as a group; the slowest
-   rank's time per call sets the batch size and the number of samples;
+   rank's time per call sets the batch size and the number of samples; a backend
+   that is still trying candidates for the size (ringcomm's tuner, under `auto`)
+   then runs on until it has settled (at most MAX_SETTLE_CALLS calls), so the
+   samples are its steady state, as a job that repeats the call sees it;
 3. samples: a barrier of the measured backend, then a batch of back-to-back calls,
    timed on every rank (host clock; GPU backends synchronise before it stops). A
    batch lasts at least ``batch_s`` (one call for large sizes): a barrier releases
@@ -98,6 +101,10 @@ class Control:
         out = [None] * self.world_size
         self.dist.all_gather_object(out, obj)
         return out
+
+
+# Warm-up calls at most while a backend is still trying candidates (Backend.exploring).
+MAX_SETTLE_CALLS = 32
 
 
 def _extra_warmup(first_s: float, p: TimingParams) -> int:
@@ -220,8 +227,16 @@ def prepare(control: Control, backend, make_run: Callable[[], Callable[[], None]
             run()
         backend.synchronize()
         per_call = float(control.gather_all([(time.perf_counter() - t0) / extra]).max())
+    # A backend that tunes itself per size (ringcomm's auto) is sampled once it
+    # has settled, as a job that repeats the call sees it.
+    settling = 0
+    exploring = getattr(backend, "exploring", None)
+    while exploring and settling < MAX_SETTLE_CALLS and exploring():
+        run()
+        settling += 1
+    backend.synchronize()
     batch, samples = _schedule(per_call, p)
-    return Prepared(backend=backend, run=run, batch=batch, samples=samples, warmup=2 + extra,
+    return Prepared(backend=backend, run=run, batch=batch, samples=samples, warmup=2 + extra + settling,
                     wrong=int(agreed[:, 1].sum()) if p.check else -1, per_call=per_call, params=p)
 
 
