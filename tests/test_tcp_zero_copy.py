@@ -129,6 +129,38 @@ def test_large_transfers_move_in_place_and_arrive_whole():
     harness.assert_no_failures(results)
 
 
+def _ring_of_three(comm):
+    """At three ranks the ring forwards what it receives (all_gather, the second half
+    of all_reduce): those segments land in place and leave from there."""
+    fails = []
+    r, ws = comm.rank, comm.world_size
+    before = comm._native.tcp_frames_in_place()
+    for n in (SLOT // 4 + 1, 3 * 1024 * 1024 + 5):
+        for it in range(2):
+            g = np.zeros(ws * n, np.float32)
+            comm.all_gather(g, np.arange(n, dtype=np.float32) % 997 + 1000 * r + it)
+            for q in range(ws):
+                if not np.array_equal(g[q * n:(q + 1) * n], np.arange(n, dtype=np.float32) % 997 + 1000 * q + it):
+                    fails.append(f"all_gather of {n} floats per rank, round {it}: block {q} wrong")
+            x = np.arange(n, dtype=np.float32) % 991 + r + it
+            comm.all_reduce(x)
+            if not np.array_equal(x, 3 * (np.arange(n, dtype=np.float32) % 991) + 3 + 3 * it):
+                fails.append(f"all_reduce of {n} floats, round {it}: wrong")
+            b = np.full(n, 5.0 + it, np.float32) if r == 1 else np.zeros(n, np.float32)
+            comm.broadcast(b, src=1)
+            if not (b == 5.0 + it).all():
+                fails.append(f"broadcast of {n} floats from rank 1, round {it}: wrong")
+    sent, landed = (a - b for a, b in zip(comm._native.tcp_frames_in_place(), before))
+    if sent == 0 or landed == 0:
+        fails.append(f"large frames did not move in place: {sent} sent by reference, {landed} landed")
+    return fails
+
+
+def test_a_ring_of_three_forwards_in_place():
+    results = harness.run_ranks(_ring_of_three, 3, (), env=TCP, comm_timeout=60.0, hard_timeout=180)
+    harness.assert_no_failures(results)
+
+
 # Run by a process of its own (neither rank can stop itself and count on the other to
 # resume it): stops rank 1 (in its recv), says so in FLAG, lets rank 0's send fill the
 # sockets (its last write then ends inside a frame), stops rank 0 and resumes rank 1;

@@ -147,25 +147,46 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
   // complete once the link no longer reads them (a later step may write
   // there).
   const size_t ref_min = out && s.kind != StepKind::kRecvReduceSend ? peer_link(s.send_peer).ref_min : SIZE_MAX;
-  // A plain receive's large segments land in place (Link::post_recv).
-  const size_t post_min = s.kind == StepKind::kRecv ? peer_link(s.recv_peer).post_min : SIZE_MAX;
+  // The large segments of a step that receives without reducing land in
+  // place (Link::post_recv); one that also forwards them (kRecvCopySend)
+  // sends each from there once it has landed (p.fwd trails p.done).
+  const bool forwards = s.kind == StepKind::kRecvCopySend;
+  const size_t post_min =
+      s.kind == StepKind::kRecv || forwards ? peer_link(s.recv_peer).post_min : SIZE_MAX;
   while (!p.complete) {
-    if (p.ticket && p.done == s.nbytes) {  // every segment is queued
-      if (!out->sent(p.ticket)) break;
+    if (p.posted) {
+      bool over = false;
+      if (in->take_landed(slot, &p.landed, &p.done, &p.segment, &over)) moved = true;
+      if (over) p.posted = false;
+    }
+    if (forwards && p.fwd < p.done) {  // landed in place, not sent on yet
+      const size_t n = std::min(slot, s.nbytes - p.fwd);
+      char* slot_ptr = out->send_slot(page_offset(dst + p.fwd));
+      if (!slot_ptr) break;
+      MsgHeader oh;
+      oh.tag = tag;
+      oh.nbytes = static_cast<uint32_t>(n);
+      oh.segment = p.fwd_segment;
+      if (n >= ref_min) {
+        p.ticket = out->send_ref(dst + p.fwd, oh);
+      } else {
+        std::memcpy(slot_ptr, dst + p.fwd, n);
+        out->send_commit(oh);
+      }
+      p.fwd += n;
+      ++p.fwd_segment;
+      moved = true;
+      continue;
+    }
+    // Everything moved (an empty step: its one empty segment), and a post has
+    // ended (all its bytes may show before posted() says it is over).
+    if (p.done == s.nbytes && p.segment > 0 && !p.posted) {
+      if (p.ticket && !out->sent(p.ticket)) break;  // the link still reads segments sent by reference
       p.complete = true;
       moved = true;
       break;
     }
-    if (p.posted) {
-      bool over = false;
-      if (in->take_landed(slot, &p.landed, &p.done, &p.segment, &over)) moved = true;
-      if (!over) break;
-      p.posted = false;
-      if (p.done == s.nbytes) {
-        p.complete = true;
-        break;
-      }
-    }
+    if (p.posted) break;  // the rest is still landing
     const size_t n = std::min(slot, s.nbytes - p.done);
     if (n >= post_min && in->post_recv(dst + p.done, s.nbytes - p.done, tag, p.segment, slot)) {
       p.posted = true;
@@ -246,6 +267,8 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     if (in) in->recv_release();
     p.done += n;
     ++p.segment;
+    p.fwd = p.done;  // (kRecvCopySend) received and sent on together
+    p.fwd_segment = p.segment;
     moved = true;
     if (p.done == s.nbytes && !p.ticket) p.complete = true;
   }

@@ -30,6 +30,8 @@ struct StepProgress {
   uint64_t ticket = 0;   // the last segment sent by reference (Link::send_ref), 0: none
   bool posted = false;   // the rest is posted to land in place (Link::post_recv)
   size_t landed = 0;     // ... and this much of it has (as posted() last said)
+  size_t fwd = 0;        // kRecvCopySend: bytes sent on (trails `done` while segments land in place)
+  uint64_t fwd_segment = 0;
 };
 
 // Steps beyond the first incomplete one that a pass looks at. The FIFO order
