@@ -99,29 +99,48 @@ def _streams(comm):
     # Collectives of large sizes; each call's buffers are overwritten once it returns.
     n = 3 * 1024 * 1024 + 5
     for it in range(3):
-        x = np.arange(n, dtype=np.float32) % 1000 + r + it
-        comm.all_reduce(x)
-        if not np.array_equal(x, 2 * (np.arange(n, dtype=np.float32) % 1000) + 1 + 2 * it):
-            fails.append(f"all_reduce of {n} floats, round {it}: wrong")
-        x[:] = -1
+        fails += _gather_reduce_broadcast(comm, n, it, src=0)
         inp = np.concatenate([np.full(n, 1.0 + it, np.float32), np.full(n, 2.0 + r, np.float32)])
         out = np.zeros(n, np.float32)
         comm.reduce_scatter(out, inp)
         inp[:] = -1
         if not (out == (2 * (1.0 + it) if r == 0 else 5.0)).all():
             fails.append(f"reduce_scatter of {n} floats per rank, round {it}: {out[:3]}")
-        g = np.zeros(2 * n, np.float32)
-        comm.all_gather(g, np.full(n, r + it, np.float32))
-        if not ((g[:n] == it).all() and (g[n:] == 1 + it).all()):
-            fails.append(f"all_gather of {n} floats per rank, round {it}: wrong")
-        b = np.full(n, 7.0 + it, np.float32) if r == 0 else np.zeros(n, np.float32)
-        comm.broadcast(b, src=0)
-        if not (b == 7.0 + it).all():
-            fails.append(f"broadcast of {n} floats, round {it}: wrong")
+    return fails + _moved_in_place(comm, before)
+
+
+def _gather_reduce_broadcast(comm, n, it, src):
+    """all_gather, all_reduce and broadcast of n floats (per rank) at any world size,
+    round `it`; the inputs are overwritten as soon as each call returns."""
+    fails = []
+    r, ws = comm.rank, comm.world_size
+    ramp = np.arange(n, dtype=np.float32)
+    g = np.zeros(ws * n, np.float32)
+    mine = ramp % 997 + 1000 * r + it
+    comm.all_gather(g, mine)
+    mine[:] = -1
+    for q in range(ws):
+        if not np.array_equal(g[q * n:(q + 1) * n], ramp % 997 + 1000 * q + it):
+            fails.append(f"all_gather of {n} floats per rank, round {it}: block {q} wrong")
+    x = ramp % 991 + r + it
+    comm.all_reduce(x)
+    if not np.array_equal(x, ws * (ramp % 991) + ws * (ws - 1) // 2 + ws * it):
+        fails.append(f"all_reduce of {n} floats, round {it}: wrong")
+    x[:] = -1
+    b = np.full(n, 5.0 + it, np.float32) if r == src else np.zeros(n, np.float32)
+    comm.broadcast(b, src=src)
+    if not (b == 5.0 + it).all():
+        fails.append(f"broadcast of {n} floats from rank {src}, round {it}: wrong")
+    return fails
+
+
+def _moved_in_place(comm, before):
+    """A failure unless large frames were both sent by reference and landed in place
+    since `before` (tcp_frames_in_place())."""
     sent, landed = (a - b for a, b in zip(comm._native.tcp_frames_in_place(), before))
     if sent == 0 or landed == 0:
-        fails.append(f"large frames did not move in place: {sent} sent by reference, {landed} landed")
-    return fails
+        return [f"large frames did not move in place: {sent} sent by reference, {landed} landed"]
+    return []
 
 
 def test_large_transfers_move_in_place_and_arrive_whole():
@@ -133,27 +152,11 @@ def _ring_of_three(comm):
     """At three ranks the ring forwards what it receives (all_gather, the second half
     of all_reduce): those segments land in place and leave from there."""
     fails = []
-    r, ws = comm.rank, comm.world_size
     before = comm._native.tcp_frames_in_place()
     for n in (SLOT // 4 + 1, 3 * 1024 * 1024 + 5):
         for it in range(2):
-            g = np.zeros(ws * n, np.float32)
-            comm.all_gather(g, np.arange(n, dtype=np.float32) % 997 + 1000 * r + it)
-            for q in range(ws):
-                if not np.array_equal(g[q * n:(q + 1) * n], np.arange(n, dtype=np.float32) % 997 + 1000 * q + it):
-                    fails.append(f"all_gather of {n} floats per rank, round {it}: block {q} wrong")
-            x = np.arange(n, dtype=np.float32) % 991 + r + it
-            comm.all_reduce(x)
-            if not np.array_equal(x, 3 * (np.arange(n, dtype=np.float32) % 991) + 3 + 3 * it):
-                fails.append(f"all_reduce of {n} floats, round {it}: wrong")
-            b = np.full(n, 5.0 + it, np.float32) if r == 1 else np.zeros(n, np.float32)
-            comm.broadcast(b, src=1)
-            if not (b == 5.0 + it).all():
-                fails.append(f"broadcast of {n} floats from rank 1, round {it}: wrong")
-    sent, landed = (a - b for a, b in zip(comm._native.tcp_frames_in_place(), before))
-    if sent == 0 or landed == 0:
-        fails.append(f"large frames did not move in place: {sent} sent by reference, {landed} landed")
-    return fails
+            fails += _gather_reduce_broadcast(comm, n, it, src=1)
+    return fails + _moved_in_place(comm, before)
 
 
 def test_a_ring_of_three_forwards_in_place():

@@ -167,12 +167,7 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
       oh.tag = tag;
       oh.nbytes = static_cast<uint32_t>(n);
       oh.segment = p.fwd_segment;
-      if (n >= ref_min) {
-        p.ticket = out->send_ref(dst + p.fwd, oh);
-      } else {
-        std::memcpy(slot_ptr, dst + p.fwd, n);
-        out->send_commit(oh);
-      }
+      if (const uint64_t t = out->send_from(slot_ptr, dst + p.fwd, oh, ref_min)) p.ticket = t;
       p.fwd += n;
       ++p.fwd_segment;
       moved = true;
@@ -269,8 +264,7 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     ++p.segment;
     p.fwd = p.done;  // (kRecvCopySend) received and sent on together
     p.fwd_segment = p.segment;
-    moved = true;
-    if (p.done == s.nbytes && !p.ticket) p.complete = true;
+    moved = true;  // the next round completes the step once everything moved
   }
   return moved;
 }

@@ -285,12 +285,7 @@ bool P2pMatcher::push_sends(int p, Peer& peer) {
       if (!slot) return moved;
       h.nbytes = static_cast<uint32_t>(n);
       h.segment = op->segment;
-      if (n >= ref_min) {
-        op->ticket = link->send_ref(op->buf + op->done, h);
-      } else {
-        if (n) std::memcpy(slot, op->buf + op->done, n);
-        link->send_commit(h);
-      }
+      if (const uint64_t t = link->send_from(slot, op->buf + op->done, h, ref_min)) op->ticket = t;
       op->done += n;
       ++op->segment;
       moved = true;

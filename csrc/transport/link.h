@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "ringcomm/msg_tag.h"
@@ -59,6 +60,15 @@ class Link {
   virtual size_t ref_min_bytes() const { return SIZE_MAX; }
   virtual uint64_t send_ref(const char* src, const MsgHeader& header);
   virtual bool sent(uint64_t /*ticket*/) { return true; }
+  // After send_slot returned `slot`: queues header.nbytes bytes at `src` as
+  // that segment, by reference when there are at least `ref_min` (the
+  // ticket), else copied into the slot (0).
+  uint64_t send_from(char* slot, const char* src, const MsgHeader& header, size_t ref_min) {
+    if (header.nbytes >= ref_min) return send_ref(src, header);
+    if (header.nbytes) std::memcpy(slot, src, header.nbytes);
+    send_commit(header);
+    return 0;
+  }
 
   // Receives straight into the caller's memory (transports that stage slots
   // locally, TCP), for transfers whose segments need no reduction: post_recv
