@@ -77,7 +77,14 @@ def _command(launcher, script, args):
     port = str(_free_port())
     bindir = os.path.dirname(sys.executable)
     if launcher in ("torchrun", "torchrun-restart"):
-        restarts = ["--max-restarts", "2"] if launcher == "torchrun-restart" else []
+        # The restart client's survivor must raise, naming the lost rank, before the agent
+        # stops it: torchrun's agent looks at its workers every --monitor-interval (0.1 s by
+        # default) and SIGTERMs the survivors of a failed one. On a loaded machine 0.1 s was
+        # sometimes too short for the survivor to raise through DDP's autograd hook and write
+        # its report (1 launch of 6 with three busy loops on the 2 cores); 2 s leaves it room
+        # (restart_s grows by up to the interval, for gloo and ringcomm alike).
+        restarts = (["--max-restarts", "2", "--monitor-interval", "2"]
+                    if launcher == "torchrun-restart" else [])
         return [os.path.join(bindir, "torchrun"), "--nproc-per-node", str(NPROC), "--master-port", port,
                 *restarts, script, *args]
     if launcher == "python":  # the client starts its own workers (Ray)

@@ -90,7 +90,7 @@ def test_client_matches_gloo(name):
             fails.append(f"the surviving rank 0 did not raise naming rank 1: {raised[:300]!r}")
         print(f"torchrun restart: {got[0]['restart_s']:.2f} s from the kill to the restarted group's first step "
               f"(gloo {'%.2f s' % ref[0]['restart_s'] if ref[0].get('restart_s') else 'not restarted'}); "
-              f"the survivor raised: {raised.splitlines()[0][:200]}")
+              f"the survivor raised: {(raised.splitlines() or ['nothing'])[0][:200]}")
     assert not fails, f"{name}:\n" + "\n".join(fails)
 
 
