@@ -62,11 +62,14 @@ def test_doubling_all_reduce(algo, world_size):
                 counts=(0, 1, 2, 7, 1000, 65537), tag=f"{algo} ", hard_timeout=240)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 6, 7])
-def test_tree_broadcast_and_reduce(world_size):
-    """Binomial trees for broadcast and reduce, every root (the matrix rotates roots)."""
-    _run_matrix(world_size, env={"RINGCOMM_ALGO": "tree"}, prims=("broadcast", "reduce"),
-                counts=(0, 1, 7, 1000, 65537), tag="tree ", hard_timeout=240)
+@pytest.mark.parametrize("world_size,check", [(2, 1), (3, 1), (6, 1), (7, 1), (6, 0)])
+def test_tree_broadcast_and_reduce(world_size, check):
+    """Binomial trees for broadcast and reduce, every root (the matrix rotates roots):
+    with the agreement check on, beyond two ranks, their covering form (every rank
+    sends and receives in each round: algo/schedules.h); with it off, the plain trees."""
+    _run_matrix(world_size, env={"RINGCOMM_ALGO": "tree", "RINGCOMM_CHECK_AGREEMENT": check},
+                prims=("broadcast", "reduce"), counts=(0, 1, 7, 1000, 65537), tag=f"tree check={check} ",
+                hard_timeout=240)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 5, 7])

@@ -48,8 +48,13 @@ def test_formulas_match_hand_computation():
                                                 + (s * b_e * 2 + 0.5 * s * g) / 2)
     # Binomial broadcast over 5: 3 levels; level m=4 sends 0 -> 4 only.
     b = times(cost_model.model(1, 5, P), "broadcast", s)
-    # + the agreement check first: the dissemination barrier's 3 rounds over 5.
-    assert b["tree"] == pytest.approx(3 * (a_i + s * b_i) + 3 * a_i)
+    # Its covering form carries the agreement check in the same 3 rounds (every rank
+    # sends in each): nothing on top. The chain runs the dissemination barrier's 3
+    # rounds over 5 first.
+    assert b["tree"] == pytest.approx(3 * (a_i + s * b_i))
+    unchecked = times(cost_model.model(1, 5, P, check_agreement=False), "broadcast", s)
+    assert unchecked["tree"] == pytest.approx(b["tree"])
+    assert b["ring"] == pytest.approx(unchecked["ring"] + 3 * a_i)
 
 
 def test_predictions_sorted_and_pick_first():

@@ -33,10 +33,10 @@ def _sync(ctx, name):
     ctx.store.wait([f"sync/{name}/{r}" for r in range(ctx.world_size)], timedelta(seconds=60))
 
 
-def _new_comm(ctx, timeout=60.0):
+def _new_comm(ctx, timeout=60.0, algo=None):
     import ringcomm
 
-    return ringcomm.init(rank=ctx.rank, world_size=ctx.world_size, store=ctx.store, timeout=timeout)
+    return ringcomm.init(rank=ctx.rank, world_size=ctx.world_size, store=ctx.store, timeout=timeout, algo=algo)
 
 
 def _later(delay, fn):
@@ -487,33 +487,38 @@ def _rooted_disagreements(comm):
     r, ws = ctx.rank, ctx.world_size
     odd = 3
     fails, msgs = [], []
-    for op in ("broadcast", "reduce", "scatter", "gather"):
-        for what in ("root", "count", "dtype"):
-            c = _new_comm(ctx, timeout=20.0)
-            root = 1 if (what == "root" and r == odd) else 0
-            n = 65 if (what == "count" and r == odd) else 64
-            dt = np.float32 if (what == "dtype" and r == odd) else np.int32
-            t0 = time.monotonic()
-            try:
-                if op == "broadcast":
-                    c.broadcast(np.full(n, r, dt), src=root)
-                elif op == "reduce":
-                    c.reduce(np.full(n, r, dt), dst=root)
-                elif op == "scatter":
-                    c.scatter(np.zeros(n, dt), np.zeros(n * ws, dt) if r == root else None, src=root)
-                else:
-                    c.gather(np.zeros(n * ws, dt) if r == root else None, np.full(n, r, dt), dst=root)
-                fails.append(f"{op} {what}: rank {r} returned although rank {odd} disagreed")
-            except ringcomm.CollectiveMismatchError as e:
-                took = time.monotonic() - t0
-                msgs.append(f"{op} {what}: {took * 1e3:.1f} ms: {first_line(e)}")
-                if took > 2.0:
-                    fails.append(f"{op} {what}: the mismatch took {took:.2f} s to raise")
-            except Exception as e:  # noqa: BLE001
-                fails.append(f"{op} {what}: rank {r} raised {type(e).__name__} ({first_line(e)}), "
-                             "want CollectiveMismatchError")
-            c.close()
-            _sync(ctx, f"rooted-{op}-{what}")
+    # Broadcast and reduce also with each family forced: the tree checks itself
+    # (its covering form), the chain runs the agreement first.
+    cases = [(op, algo, what) for op in ("broadcast", "reduce", "scatter", "gather")
+             for algo in ((None, "tree", "ring") if op in ("broadcast", "reduce") else (None,))
+             for what in ("root", "count", "dtype")]
+    for op, algo, what in cases:
+        c = _new_comm(ctx, timeout=20.0, algo=algo)
+        root = 1 if (what == "root" and r == odd) else 0
+        n = 65 if (what == "count" and r == odd) else 64
+        dt = np.float32 if (what == "dtype" and r == odd) else np.int32
+        t0 = time.monotonic()
+        label = f"{what} (algo {algo})" if algo else what
+        try:
+            if op == "broadcast":
+                c.broadcast(np.full(n, r, dt), src=root)
+            elif op == "reduce":
+                c.reduce(np.full(n, r, dt), dst=root)
+            elif op == "scatter":
+                c.scatter(np.zeros(n, dt), np.zeros(n * ws, dt) if r == root else None, src=root)
+            else:
+                c.gather(np.zeros(n * ws, dt) if r == root else None, np.full(n, r, dt), dst=root)
+            fails.append(f"{op} {label}: rank {r} returned although rank {odd} disagreed")
+        except ringcomm.CollectiveMismatchError as e:
+            took = time.monotonic() - t0
+            msgs.append(f"{op} {label}: {took * 1e3:.1f} ms: {first_line(e)}")
+            if took > 2.0:
+                fails.append(f"{op} {label}: the mismatch took {took:.2f} s to raise")
+        except Exception as e:  # noqa: BLE001
+            fails.append(f"{op} {label}: rank {r} raised {type(e).__name__} ({first_line(e)}), "
+                         "want CollectiveMismatchError")
+        c.close()
+        _sync(ctx, f"rooted-{op}-{algo}-{what}")
     # Agreeing ranks pass the check, for every root.
     c = _new_comm(ctx)
     for root in range(ws):

@@ -152,6 +152,41 @@ def test_unknown_or_invalid_calls_raise():
 # --- The checker fails when it should --------------------------------------------
 
 
+def test_rooted_trees_check_themselves_beyond_two_ranks():
+    """With the agreement check on, a tree broadcast or reduce at more than two ranks
+    runs no agreement rounds: its covering form has every rank send and receive once
+    in each of ceil(log2 n) rounds (an empty message where the tree moves nothing),
+    and the checker proves every rank hears from every other before it finishes. The
+    other rooted families still run the agreement first (and are covered by it)."""
+    for op in ("broadcast", "reduce"):
+        for world in (3, 4, 5, 6, 7, 8, 9, 16):
+            rounds = (world - 1).bit_length()
+            for root in _roots(op, world):
+                for count in (0, 1, 37):
+                    what = f"{op}/tree world={world} root={root} count={count}"
+                    res = _check(op, "tree", world, count, root=root, agreement=True, avg=op == "reduce")
+                    _sound(res, what)
+                    assert res["family"] == "tree", what
+                    if count <= 1:  # one segment a message: exactly the dissemination's messages
+                        assert res["messages"] == world * rounds, (what, res["messages"])
+            # The chain (ring family) is not covering: the agreement's rounds come first.
+            res = _check(op, "ring", world, 1, root=0, agreement=True)
+            _sound(res, f"{op}/ring world={world}")
+            assert res["messages"] == world * rounds + world - 1, (op, world, res["messages"])
+
+
+def test_a_covering_tree_that_sends_early_is_reported():
+    """Rank 1 of a 4-rank covering broadcast sends its round-2 message before its
+    round-1 receive: every message still pairs and the run completes, but rank 3 then
+    finishes without having heard, through any chain, from rank 0 (a disagreement of
+    rank 0's could go unnoticed there). The checker reports it."""
+    base = _check("broadcast", "tree", 4, 1, root=0, agreement=True)
+    _sound(base, "untouched")
+    res = _check("broadcast", "tree", 4, 1, root=0, agreement=True, swap=(1, 0, 3))
+    assert "rank 3 finishes the rooted call without hearing from rank 0" in res["error"], res["error"]
+    assert "no agreement rounds" in res["error"], res["error"]
+
+
 def test_a_dropped_send_is_reported():
     # Ring all_reduce, world 4, blocks of 10 elements (one round of 6 messages per rank
     # and direction): dropping rank 1's first send leaves rank 2's last receive empty.

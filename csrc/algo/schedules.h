@@ -48,6 +48,10 @@ struct PlanContext {
   // (plan_call, comm/call_plan.cpp), so that the headers checked on every
   // message stand in for the agreement round (comm/communicator_agree.cpp).
   bool mutual_pair = false;
+  // More than two ranks: the tree family's rooted calls take their covering
+  // form (covering_tree_broadcast / covering_tree_reduce), whose checked
+  // headers stand in for the agreement round the same way.
+  bool covering = false;
 };
 
 // The rank at ring position `pos` (any integer, taken mod world), and this
@@ -114,6 +118,18 @@ void tree_reduce(const PlanContext& c, int root, BufRef buf, size_t count, BufRe
 // The same from `in`, the root's result to `out` (only the root writes it).
 void tree_reduce_from(const PlanContext& c, int root, BufRef in, BufRef out, size_t count, BufRef scratch,
                       bool avg);
+
+// The binomial trees above with distances growing instead (round k: v and
+// v + 2^k, relative to the root), completed into the dissemination pattern:
+// in round k every rank sends to the rank 2^k after it (the reduce: before
+// it) and receives from the one 2^k before it (after it), an empty message
+// where the tree moves nothing, and starts round k+1 only then. After
+// ceil(log2 n) rounds every rank has heard, through a chain of messages
+// whose headers were checked against the receiver's call, from every rank:
+// ranks that disagree on the call all raise before any returns, without the
+// agreement's own rounds. The reduce's `scratch` holds 2 * count elements.
+void covering_tree_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes);
+void covering_tree_reduce(const PlanContext& c, int root, BufRef buf, size_t count, BufRef scratch, bool avg);
 
 // Chains along the ring starting at the root (pipelined through the FIFOs).
 void chain_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes);

@@ -74,4 +74,47 @@ void tree_reduce_from(const PlanContext& c, int root, BufRef in, BufRef out, siz
   if (v != 0) push_send(c, mod(v - top + root, n), sum, bytes);
 }
 
+// The covering forms (schedules.h). Relative ranks v = (rank - root) mod n.
+// Broadcast, round d = 2^k: the ranks v < d hold the data; v sends it to
+// v + d when that is a rank (v + d < n), and v in [d, 2d) receives it from
+// v - d. Reduce, round d: v with lowest set bit d has folded its subtree and
+// sends the sum to v - d; v a multiple of 2d receives it from v + d when
+// that is a rank, into scratch, and folds it. Every other pair of the round
+// (wrapping around mod n) exchanges an empty message. Both sides of a pair
+// work out the same size from their relative ranks.
+void covering_tree_broadcast(const PlanContext& c, int root, BufRef buf, size_t nbytes) {
+  const int n = c.world;
+  const int v = mod(c.rank - root, n);
+  for (int d = 1; d < n; d *= 2) {
+    const bool sends = v < d && v + d < n;
+    const bool gets = v >= d && v < 2 * d;
+    push_send(c, mod(v + d + root, n), sends ? buf : BufRef{}, sends ? nbytes : 0);
+    push_recv(c, mod(v - d + root, n), gets ? buf : BufRef{}, gets ? nbytes : 0);
+    push_fence(c);
+  }
+}
+
+void covering_tree_reduce(const PlanContext& c, int root, BufRef buf, size_t count, BufRef scratch, bool avg) {
+  const int n = c.world;
+  const size_t bytes = count * c.elem;
+  const int v = mod(c.rank - root, n);
+  int last = 1;  // the root's last child: the largest power of two below n
+  while (last * 2 < n) last *= 2;
+  // scratch: [accumulator | one child's sum]; the root's last fold goes to buf.
+  const BufRef acc = scratch, child = scratch + bytes;
+  BufRef sum = buf;  // what has been folded so far
+  for (int d = 1; d < n; d *= 2) {
+    const bool sends = v % (2 * d) == d;
+    const bool gets = v % (2 * d) == 0 && v + d < n;
+    push_send(c, mod(v - d + root, n), sends ? sum : BufRef{}, sends ? bytes : 0);
+    push_recv(c, mod(v + d + root, n), gets ? child : BufRef{}, gets ? bytes : 0);
+    if (gets) {
+      const bool final = v == 0 && d == last;
+      sum = c.out->at(push_reduce(c, final ? buf : acc, sum, child, bytes, avg && final)).dst;
+    } else {
+      push_fence(c);
+    }
+  }
+}
+
 }  // namespace ringcomm

@@ -109,7 +109,11 @@ ScheduleFamily plan_family(const PlanContext& c, const CallPlan& d) {
       break;
     case OpKind::kBroadcast:
       if (d.algo == Algo::kTree) {
-        tree_broadcast(c, d.root, d.out, bytes);
+        if (c.covering && !c.members) {
+          covering_tree_broadcast(c, d.root, d.out, bytes);
+        } else {
+          tree_broadcast(c, d.root, d.out, bytes);
+        }
         return kFamilyTree;
       }
       if (d.algo == Algo::kHierarchical) {
@@ -124,7 +128,11 @@ ScheduleFamily plan_family(const PlanContext& c, const CallPlan& d) {
       break;
     case OpKind::kReduce:
       if (d.algo == Algo::kTree) {
-        tree_reduce(c, d.root, d.out, d.count, d.scratch, d.avg);
+        if (c.covering && !c.members) {
+          covering_tree_reduce(c, d.root, d.out, d.count, d.scratch, d.avg);
+        } else {
+          tree_reduce(c, d.root, d.out, d.count, d.scratch, d.avg);
+        }
         return kFamilyTree;
       }
       if (d.algo == Algo::kHierarchical) {
@@ -201,7 +209,7 @@ ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
   const ScheduleFamily f = plan_family(c, d);
   const bool rooted = d.kind == OpKind::kBroadcast || d.kind == OpKind::kReduce || d.kind == OpKind::kScatter ||
                       d.kind == OpKind::kGather;
-  if (rooted && !c.members && plan_is_mutual(c.mutual_pair, f)) make_mutual(c);
+  if (rooted && !c.members && c.mutual_pair && f != kFamilyPull) make_mutual(c);
   return f;
 }
 

@@ -103,9 +103,19 @@ PlanBuffers buffers_of(const AddressedCall& a);
 ScheduleFamily plan_call(const PlanContext& c, const CallPlan& call);
 // PlanContext::mutual_pair of a communicator: two ranks, the agreement check on.
 inline bool wants_mutual_pair(int world, bool check_agreement) { return world == 2 && check_agreement; }
-// Whether a rooted call's plan, made with `mutual_pair`, has both ranks hear
-// from each other (plan_call), so that it needs no agreement round: every
-// family but pull (whose steps carry no headers).
-inline bool plan_is_mutual(bool mutual_pair, ScheduleFamily family) { return mutual_pair && family != kFamilyPull; }
+// PlanContext::covering of a communicator: more than two ranks, the check on.
+inline bool wants_covering(int world, bool check_agreement) { return world > 2 && check_agreement; }
+// Whether a rooted call's plan, made by a communicator of `world` ranks with
+// the agreement check as given (the two flags above), has every rank hear
+// from every other through messages whose headers are checked, so that it
+// needs no agreement round: at two ranks every family but pull (whose steps
+// carry no headers), made mutual; beyond, the tree family's broadcast and
+// reduce, in their covering form. The one place that says which plans
+// check themselves (Communicator::run_call, the cost model, the plan checker).
+inline bool plan_checks_itself(int world, bool check_agreement, OpKind kind, ScheduleFamily family) {
+  if (wants_mutual_pair(world, check_agreement)) return family != kFamilyPull;
+  return wants_covering(world, check_agreement) && family == kFamilyTree &&
+         (kind == OpKind::kBroadcast || kind == OpKind::kReduce);
+}
 
 }  // namespace ringcomm

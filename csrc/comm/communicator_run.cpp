@@ -48,6 +48,7 @@ const Plan& Communicator::plan(Call& c, size_t* out_bytes_out) {
   PlanContext ctx{rank_, world_, elem, slice, nullptr};
   ctx.topo = &topo_;
   ctx.mutual_pair = wants_mutual_pair(world_, config_.check_agreement);
+  ctx.covering = wants_covering(world_, config_.check_agreement);
   if (!ring_identity_) {
     ctx.ring = ring_order_.data();
     ctx.ring_pos = ring_pos_;
@@ -122,9 +123,9 @@ void Communicator::run_call(Call& c) {
   const Plan& p = known ? *c.plan : plan(c, &out_bytes);
   const CallInfo info = info_of(c);
   const Clock::time_point deadline = deadline_from_now();
-  // (Two ranks: the plan itself has both ranks hear from each other.)
+  // (Two ranks, or a covering tree: the plan itself has every rank hear from every other.)
   if (is_rooted(c.kind) && config_.check_agreement &&
-      !plan_is_mutual(wants_mutual_pair(world_, config_.check_agreement), p.family)) {
+      !plan_checks_itself(world_, config_.check_agreement, c.kind, p.family)) {
     agree_on_call(c, deadline, info);
   }
   executor_.set_streaming(out_bytes >= kStreamingCopyMinBytes);  // c.a: the output

@@ -197,8 +197,9 @@ void CostModel::build() {
   };
   // The dissemination barrier: ceil(log2 n) rounds of one message; rooted
   // calls run it first, carrying the agreement check (a few words), except
-  // at two ranks, where their schedules have both ranks hear from each
-  // other instead (an empty message each way, at once: comm/call_plan.cpp).
+  // where their schedules have every rank hear from every other instead
+  // (comm/call_plan.h plan_checks_itself): at two ranks (an empty message
+  // each way, at once), and the trees' covering form beyond.
   Tally bar{p, {}};
   for (int d = 1; d < n; d *= 2) bar.step(shape_of(topo_, [&](int r) { return (r + d) % n; }, per_host), 0);
   const double agreement =
@@ -275,8 +276,15 @@ void CostModel::build() {
       b.step(s, 1);
       r.step(s, 1, 1);
     }
-    b.cost.a += agreement;
-    r.cost.a += agreement;
+    if (wants_covering(n, limits_.check_agreement)) {
+      // The covering form (algo/schedules.h): the tree's data in the
+      // dissemination's rounds, every rank sending in each; no agreement.
+      b.cost.a = std::max(b.cost.a, bar.cost.a);
+      r.cost.a = std::max(r.cost.a, bar.cost.a);
+    } else {
+      b.cost.a += agreement;
+      r.cost.a += agreement;
+    }
     add(OpKind::kBroadcast, Algo::kTree, b.cost);
     add(OpKind::kReduce, Algo::kTree, r.cost);
     // Trees of trees: ceil(log2 hosts) inter-host levels, then ceil(log2

@@ -94,6 +94,7 @@ struct RankPlan {
   std::vector<uint64_t> addrs;
   std::vector<Region> regions;
   ScheduleFamily family = kFamilyFifo;
+  bool self_checked = false;  // a rooted call planned to need no agreement rounds
 };
 
 const Region* region_of(const RankPlan& p, const char* ptr) {
@@ -217,10 +218,23 @@ std::vector<RankPlan> plan_all(const PlanCheckCall& c) {
       ctx.ring = c.ring.data();
       ctx.ring_pos = static_cast<int>(std::find(c.ring.begin(), c.ring.end(), r) - c.ring.begin());
     }
-    // Communicator::agree_on_call runs its rounds (each ends in a fence) before
-    // the call's steps: the same as running them first in one schedule.
-    if (c.agreement && is_rooted(c.kind) && n > 1) dissemination_agreement(ctx, {kState, 0});
+    // The CPU communicator plans rooted calls to check themselves where they
+    // can (comm/call_plan.h plan_checks_itself) and runs Communicator::
+    // agree_on_call's rounds (each ends in a fence) before the others' steps:
+    // the same as running them first in one schedule.
+    ctx.mutual_pair = c.agreement && !c.device && wants_mutual_pair(n, true);
+    ctx.covering = c.agreement && !c.device && wants_covering(n, true);
+    Schedule call_steps;
+    ctx.out = &call_steps;
     p.family = plan_call(ctx, plan_of(call, c.elem, n));  // the barrier too, as Communicator::plan
+    ctx.out = &p.steps;
+    p.self_checked = c.agreement && !c.device && is_rooted(c.kind) && plan_checks_itself(n, true, c.kind, p.family);
+    if (c.agreement && is_rooted(c.kind) && n > 1 && !p.self_checked) dissemination_agreement(ctx, {kState, 0});
+    const size_t shift = p.steps.size();
+    for (Step s : call_steps) {
+      if (s.after != SIZE_MAX) s.after += shift;
+      p.steps.push_back(s);
+    }
   }
   return plans;
 }
@@ -345,9 +359,12 @@ class CpuRun {
  public:
   CpuRun(std::vector<RankPlan>& plans, const PlanCheckCall& c)
       : plans_(plans), n_(c.world), slot_(c.slot_bytes), depth_(static_cast<size_t>(c.nslots)),
-        fifo_(n_ * n_), acks_(n_ * n_, 0), ranks_(n_) {
+        fifo_(n_ * n_), acks_(n_ * n_, 0), ranks_(n_),
+        must_cover_(c.agreement && is_rooted(c.kind) && n_ > 1) {
     for (int r = 0; r < n_; ++r) {
       Rank& k = ranks_[r];
+      k.heard.assign(n_, false);
+      k.heard[r] = true;
       const Schedule& steps = plans_[r].steps;
       k.progress.assign(steps.size(), StepProgress{});
       k.busy = FifoMarks(n_);
@@ -383,6 +400,7 @@ class CpuRun {
       if (!moved) fault(deadlock());
       pulls_now_ = false;
     }
+    if (must_cover_) check_cover();
     for (int a = 0; a < n_; ++a) {
       for (int b = 0; b < n_; ++b) {
         if (!fifo_[a * n_ + b].empty()) {
@@ -399,12 +417,16 @@ class CpuRun {
     uint64_t segment;     // its number within that step
     size_t nbytes;
     const char* payload;  // the sender's memory it came from (sends), else null
+    std::vector<bool> heard;  // the ranks the sender had heard from when it sent this
   };
   struct Rank {
     std::vector<StepProgress> progress;
     size_t first = 0;
     FifoMarks busy;
     std::vector<size_t> await_nth;
+    // The ranks whose call this rank has seen, directly or through a chain of
+    // messages, each header checked against its receiver's call on the way.
+    std::vector<bool> heard;
   };
 
   bool finished(int r) const { return ranks_[r].first >= plans_[r].steps.size(); }
@@ -456,10 +478,13 @@ class CpuRun {
       if (out && out->size() >= depth_) break;
       if (in) {
         deliver(r, s, p, in->front(), n);
+        std::vector<bool>& mine = ranks_[r].heard;
+        for (int j = 0; j < n_; ++j) mine[j] = mine[j] || in->front().heard[j];
         in->pop_front();
       }
       if (out) {
-        out->push_back({i, p.segment, n, s.kind == StepKind::kSend ? plans_[r].bufs.at(s.src) + p.done : nullptr});
+        out->push_back({i, p.segment, n, s.kind == StepKind::kSend ? plans_[r].bufs.at(s.src) + p.done : nullptr,
+                        ranks_[r].heard});
         ++*messages_;
       }
       p.done += n;
@@ -499,6 +524,22 @@ class CpuRun {
     if (!why.empty()) fault(at(r, i, s) + ": the range read on rank " + std::to_string(peer) + " " + why);
   }
 
+  // A rooted call with the agreement check: every rank has heard from every
+  // other before it finishes (through the agreement's rounds, or the plan's
+  // own messages where it checks itself), so ranks that disagree on the call
+  // cannot all return.
+  void check_cover() const {
+    for (int r = 0; r < n_; ++r) {
+      for (int j = 0; j < n_; ++j) {
+        if (!ranks_[r].heard[j]) {
+          fault("rank " + std::to_string(r) + " finishes the rooted call without hearing from rank " +
+                std::to_string(j) + " through any chain of checked messages" +
+                (plans_[r].self_checked ? " (its plan runs no agreement rounds)" : ""));
+        }
+      }
+    }
+  }
+
   // What each rank that has not finished waits for.
   std::string deadlock() const {
     std::string out = "deadlock: no rank can move";
@@ -536,6 +577,7 @@ class CpuRun {
   std::vector<Rank> ranks_;
   size_t* messages_ = nullptr;
   bool pulls_now_ = false;  // this sweep runs the pulls that are ready
+  const bool must_cover_;
 };
 
 // The device executor's translation of each rank's schedule: the groups of

@@ -16,7 +16,13 @@
 //     when nothing else can move: the order in which an owner is likeliest
 //     to have returned before its readers read); or, for the device
 //     executor, its grouped transfers under the strict group semantics of
-//     testing/device_sim.h.
+//     testing/device_sim.h;
+//   - a rooted call with the agreement check (CPU executor): every rank has
+//     heard from every other, through a chain of messages (each header
+//     checked against its receiver's call), before it finishes, whether by
+//     the agreement's rounds or by the plan's own messages where it checks
+//     itself (comm/call_plan.h plan_checks_itself): ranks that disagree on
+//     the call cannot return.
 //
 // Data is not followed (only the addresses pull schedules send): a plan that
 // moves the right sizes to the right peers but the wrong blocks passes.
@@ -47,7 +53,10 @@ struct PlanCheckCall {
   bool avg = false;
   std::vector<int> ring;   // the ring's order (position -> rank); empty: rank order
   std::vector<int> hosts;  // each rank's host label (hierarchical schedules); empty: one host
-  bool agreement = false;  // rooted calls: the rounds Communicator::agree_on_call runs first
+  // Rooted calls: planned as a communicator with the agreement check plans
+  // them (CPU executor), with Communicator::agree_on_call's rounds first
+  // unless the plan checks itself.
+  bool agreement = false;
   size_t slot_bytes = 128 * 1024;
   int nslots = 16;
   size_t slice_elems = 0;  // 0: as the communicator picks (ring_slice_elems)
