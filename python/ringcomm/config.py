@@ -106,7 +106,8 @@ SETTINGS = (
             "microseconds it then yields before it sleeps (0 to 6e7)"),
     Setting("RINGCOMM_CHECK_AGREEMENT", lambda c: "1" if c.check_agreement else "0",
             "`0`: rooted calls (broadcast, reduce, scatter, gather) skip the agreement check (ceil(log2 n) "
-            "rounds; at two ranks an empty message each way inside the call's schedule) that makes ranks "
+            "rounds; at two ranks an empty message each way inside the call's schedule, and beyond, for tree "
+            "broadcast and reduce, their covering form: docs/errors.md) that makes ranks "
             "disagreeing on the root raise; for measuring its cost; the same on every rank"),
     Setting("RINGCOMM_AUTOTUNE", lambda c: "1" if c.autotune else "0",
             "`1`: `auto` checks the model's pick against the calls' own times and, where they run more than 1.3x "
