@@ -26,25 +26,16 @@ import datetime
 import json
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
+from ringcomm.bench.report import _cpu_model as cpu_model
+
 ALGOS = ("oneshot", "recursive_doubling", "rabenseifner", "ring")
 SCENARIOS = {"idle": (False, False), "busy": (True, True), "comes": (False, True), "goes": (True, False)}
 
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def rank_main(rank, world, port, args, q):

@@ -20,11 +20,12 @@ import argparse
 import collections
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
+
+from ringcomm.bench.report import _cpu_model as cpu_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -43,16 +44,6 @@ def parse_build(text):
         env[var] = value
     return name, os.path.abspath(path), env
 
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run_jobs(a, bench_args):
