@@ -277,6 +277,10 @@ def _held_limit(comm):
 
     r = comm.rank
     if r == 0:
+        # Rank 1's receive starts its clock first: rank 1 times out first and names the limit
+        # (when rank 0's send timed out first, rank 1 raised with rank 0's abort notice, which
+        # does not: seen once in CI).
+        time.sleep(0.5)
         try:
             comm.isend(_msg(1, MIB), 1, tag=1)  # 4 MiB, more than the 1 MiB limit
             comm.send(_msg(2), 1, tag=2)  # waits behind it (the FIFO is full), until the timeout
