@@ -90,7 +90,7 @@ void covering_tree_broadcast(const PlanContext& c, int root, BufRef buf, size_t 
     const bool gets = v >= d && v < 2 * d;
     push_send(c, mod(v + d + root, n), sends ? buf : BufRef{}, sends ? nbytes : 0);
     push_recv(c, mod(v - d + root, n), gets ? buf : BufRef{}, gets ? nbytes : 0);
-    push_fence(c);
+    if (2 * d < n) push_fence(c);  // (nothing follows the last round)
   }
 }
 
@@ -111,7 +111,7 @@ void covering_tree_reduce(const PlanContext& c, int root, BufRef buf, size_t cou
     if (gets) {
       const bool final = v == 0 && d == last;
       sum = c.out->at(push_reduce(c, final ? buf : acc, sum, child, bytes, avg && final)).dst;
-    } else {
+    } else if (2 * d < n) {
       push_fence(c);
     }
   }

@@ -1,4 +1,5 @@
 #include "comm/call_plan.h"
+#include "comm/describe.h"
 
 #include "ringcomm/types.h"
 
@@ -207,9 +208,7 @@ void make_mutual(const PlanContext& c) {
 
 ScheduleFamily plan_call(const PlanContext& c, const CallPlan& d) {
   const ScheduleFamily f = plan_family(c, d);
-  const bool rooted = d.kind == OpKind::kBroadcast || d.kind == OpKind::kReduce || d.kind == OpKind::kScatter ||
-                      d.kind == OpKind::kGather;
-  if (rooted && !c.members && c.mutual_pair && f != kFamilyPull) make_mutual(c);
+  if (is_rooted(d.kind) && !c.members && c.mutual_pair && family_can_be_mutual(f)) make_mutual(c);
   return f;
 }
 

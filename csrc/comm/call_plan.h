@@ -101,6 +101,9 @@ PlanBuffers buffers_of(const AddressedCall& a);
 // is planned here too (the dissemination barrier, family kFamilyFifo);
 // send/recv are not (comm/p2p_match.cpp runs them).
 ScheduleFamily plan_call(const PlanContext& c, const CallPlan& call);
+// Whether plan_call makes a two-rank rooted plan of `family` mutual: every
+// family but pull, whose steps carry no headers to check.
+inline bool family_can_be_mutual(ScheduleFamily family) { return family != kFamilyPull; }
 // PlanContext::mutual_pair of a communicator: two ranks, the agreement check on.
 inline bool wants_mutual_pair(int world, bool check_agreement) { return world == 2 && check_agreement; }
 // PlanContext::covering of a communicator: more than two ranks, the check on.
@@ -113,7 +116,7 @@ inline bool wants_covering(int world, bool check_agreement) { return world > 2 &
 // reduce, in their covering form. The one place that says which plans
 // check themselves (Communicator::run_call, the cost model, the plan checker).
 inline bool plan_checks_itself(int world, bool check_agreement, OpKind kind, ScheduleFamily family) {
-  if (wants_mutual_pair(world, check_agreement)) return family != kFamilyPull;
+  if (wants_mutual_pair(world, check_agreement)) return family_can_be_mutual(family);
   return wants_covering(world, check_agreement) && family == kFamilyTree &&
          (kind == OpKind::kBroadcast || kind == OpKind::kReduce);
 }
