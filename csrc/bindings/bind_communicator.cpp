@@ -61,7 +61,7 @@ void bind_communicator(py::module_& m) {
       .def_property_readonly("closed", &C::closed)
       .def("create_segment", &C::create_segment, py::arg("members"))
       .def("segment_name", &C::segment_name)
-      .def("connect", &C::connect, py::call_guard<py::gil_scoped_release>())
+      .def("connect", [](C& c, const std::vector<std::string>& names) { without_gil([&] { c.connect(names); }); })
       .def("unlink_segment", &C::unlink_segment)
       .def("finish_init", &C::finish_init)
       .def("set_ring_order", &C::set_ring_order, py::arg("order"))
@@ -71,8 +71,7 @@ void bind_communicator(py::module_& m) {
       .def("connect_tcp",
            [](C& c, const std::vector<std::string>& hosts, const std::vector<int>& ports, py::bytes secret) {
              std::string s = secret;
-             ReleaseGil r;
-             c.connect_tcp(hosts, ports, s);
+             without_gil([&] { c.connect_tcp(hosts, ports, s); });
            },
            py::arg("hosts"), py::arg("ports"), py::arg("secret"))
       .def("transport_of", &C::transport_of, py::arg("peer"))
@@ -88,96 +87,63 @@ void bind_communicator(py::module_& m) {
       })
       .def_property_readonly("pull_enabled", &C::pull_enabled)
       .def("error", &C::error)
-      .def("close", &C::close, py::call_guard<ReleaseGil>())
-      .def("abort", &C::abort, py::call_guard<py::gil_scoped_release>())
-      .def("revoke", &C::revoke, py::call_guard<py::gil_scoped_release>())
-      .def("peer_gone", &C::peer_gone, py::call_guard<py::gil_scoped_release>())
+      .def("close", [](C& c) { without_gil([&] { c.close(); }); })
+      .def("abort", [](C& c, const std::string& why) { without_gil([&] { c.abort(why); }); })
+      .def("revoke", [](C& c, const std::string& why) { without_gil([&] { c.revoke(why); }); })
+      .def("peer_gone", [](C& c, int peer) { return without_gil([&] { return c.peer_gone(peer); }); })
       .def("reduce_scatter", [](py::handle self, py::handle out, py::handle in, int op, bool async) {
         C& c = self.cast<C&>();
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.reduce_scatter(o, i, to_op(op), async);
-        }
+        std::shared_ptr<Work> w = without_gil([&] { return c.reduce_scatter(o, i, to_op(op), async); });
         return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
       .def("all_gather", [](py::handle self, py::handle out, py::handle in, bool async) {
         C& c = self.cast<C&>();
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.all_gather(o, i, async);
-        }
+        std::shared_ptr<Work> w = without_gil([&] { return c.all_gather(o, i, async); });
         return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
       .def("broadcast", [](py::handle self, py::handle x, int src, bool async) {
         C& c = self.cast<C&>();
         Buffer b = buffer_from_python(x, "tensor", true);
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.broadcast(b, src, async);
-        }
+        std::shared_ptr<Work> w = without_gil([&] { return c.broadcast(b, src, async); });
         return make_work(std::move(w), self.ptr(), x.ptr());
       })
       .def("reduce", [](py::handle self, py::handle x, int dst, int op, bool async) {
         C& c = self.cast<C&>();
         Buffer b = buffer_from_python(x, "tensor", true);
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.reduce(b, dst, to_op(op), async);
-        }
+        std::shared_ptr<Work> w = without_gil([&] { return c.reduce(b, dst, to_op(op), async); });
         return make_work(std::move(w), self.ptr(), x.ptr());
       })
       .def("scatter", [](py::handle self, py::handle out, py::handle in, int src, bool async) {
         C& c = self.cast<C&>();
         Buffer o = buffer_from_python(out, "output", true);
         Buffer i = c.rank() == src ? buffer_from_python(in, "input", false, true) : Buffer{};
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.scatter(o, i, src, async);
-        }
+        std::shared_ptr<Work> w = without_gil([&] { return c.scatter(o, i, src, async); });
         return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
       .def("gather", [](py::handle self, py::handle out, py::handle in, int dst, bool async) {
         C& c = self.cast<C&>();
         Buffer o = c.rank() == dst ? buffer_from_python(out, "output", true, true) : Buffer{};
         Buffer i = buffer_from_python(in, "input", false);
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.gather(o, i, dst, async);
-        }
+        std::shared_ptr<Work> w = without_gil([&] { return c.gather(o, i, dst, async); });
         return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
       .def("all_to_all", [](py::handle self, py::handle out, py::handle in, bool async) {
         C& c = self.cast<C&>();
         Buffer o = buffer_from_python(out, "output", true), i = buffer_from_python(in, "input", false);
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.all_to_all(o, i, async);
-        }
+        std::shared_ptr<Work> w = without_gil([&] { return c.all_to_all(o, i, async); });
         return make_work(std::move(w), self.ptr(), out.ptr(), in.ptr());
       })
       // send and recv are bound in bind_fast_calls.cpp.
       .def("sendrecv", [](C& c, py::handle send, int dst, py::handle recv, int src) {
         Buffer s = buffer_from_python(send, "send_tensor", false);
         Buffer r = buffer_from_python(recv, "recv_tensor", true);
-        ReleaseGil rel;
-        c.sendrecv(s, dst, r, src);
+        without_gil([&] { c.sendrecv(s, dst, r, src); });
       })
       .def("barrier", [](py::handle self, bool async) {
         C& c = self.cast<C&>();
-        std::shared_ptr<Work> w;
-        {
-          ReleaseGil r;
-          w = c.barrier(async);
-        }
+        std::shared_ptr<Work> w = without_gil([&] { return c.barrier(async); });
         return make_work(std::move(w), self.ptr(), nullptr);
       });
 }

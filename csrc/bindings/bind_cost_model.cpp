@@ -132,8 +132,11 @@ void bind_cost_model(py::module_& m) {
   auto comm = py::reinterpret_borrow<py::class_<Communicator>>(m.attr("Communicator"));
   comm.def("set_topology", &Communicator::set_topology, py::arg("host_labels"))
       .def("host_of", [](const Communicator& c) { return c.topology().host_of; })
-      .def("measure_links", &Communicator::measure_links, py::arg("intra_peer"), py::arg("inter_peer"),
-           py::arg("gamma_rank"), py::call_guard<ReleaseGil>())
+      .def("measure_links",
+           [](Communicator& c, int intra_peer, int inter_peer, int gamma_rank) {
+             return without_gil([&] { return c.measure_links(intra_peer, inter_peer, gamma_rank); });
+           },
+           py::arg("intra_peer"), py::arg("inter_peer"), py::arg("gamma_rank"))
       .def("set_cost_params", [](Communicator& c, const py::dict& d) { c.set_cost_params(params_from(d)); })
       .def("cost_params", [](const Communicator& c) { return params_dict(c.cost_model().params()); })
       .def("explain", [](const Communicator& c, const std::string& op, size_t nbytes) {

@@ -3,6 +3,10 @@
 // builtins.
 #include <pybind11/pybind11.h>
 
+#ifdef __GLIBCXX__
+#include <cxxabi.h>
+#endif
+
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
 #include "comm/work.h"
@@ -70,6 +74,10 @@ PyObject* error_class(Work::ErrorKind kind) {
 PyObject* raise_current_exception() {
   try {
     throw;
+#ifdef __GLIBCXX__
+  } catch (abi::__forced_unwind&) {
+    throw;  // a daemon thread ended at interpreter exit (calls.h: without_gil)
+#endif
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const TimeoutError& e) {

@@ -40,10 +40,7 @@ PyObject* all_reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     const int async = PyObject_IsTrue(args[2]);
     if (async < 0) throw py::error_already_set();
     if (async) return make_work(c.all_reduce(b, to_op(op), true), self, args[0]).release().ptr();
-    {
-      ReleaseGil r;
-      c.all_reduce(b, to_op(op), false);
-    }
+    without_gil([&] { c.all_reduce(b, to_op(op), false); });
     Py_RETURN_NONE;
   } catch (...) {
     return raise_current_exception();
@@ -73,10 +70,7 @@ PyObject* send(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     const int async = PyObject_IsTrue(args[3]);
     if (async < 0) throw py::error_already_set();
     if (async) return make_work(c.send(b, dst, tag, true), self, args[0]).release().ptr();
-    {
-      ReleaseGil r;
-      c.send(b, dst, tag, false);
-    }
+    without_gil([&] { c.send(b, dst, tag, false); });
     Py_RETURN_NONE;
   } catch (...) {
     return raise_current_exception();
@@ -95,10 +89,7 @@ PyObject* recv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     if (async < 0) throw py::error_already_set();
     if (async) return make_work(c.recv(b, src, tag, true, nullptr), self, args[0]).release().ptr();
     int source = -1;
-    {
-      ReleaseGil r;
-      c.recv(b, src, tag, false, &source);
-    }
+    without_gil([&] { c.recv(b, src, tag, false, &source); });
     return PyLong_FromLong(source);
   } catch (...) {
     return raise_current_exception();

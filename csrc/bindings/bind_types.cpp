@@ -6,6 +6,7 @@
 #include "algo/blocks.h"
 #include "bindings/bind.h"
 #include "bindings/buffers.h"
+#include "bindings/calls.h"
 #include "ringcomm/copy.h"
 #include "ringcomm/reducer.h"
 
@@ -63,17 +64,17 @@ void bind_types(py::module_& m) {
       throw ValueError("local_reduce: dst, a and b must have the same dtype and size");
     }
     Reducer r = make_reducer(d.dtype, static_cast<ReduceOp>(op));
-    py::gil_scoped_release release;
-    r.fn(d.ptr, x.ptr, y.ptr, d.count);
-    if (r.divide) r.divide(d.ptr, d.count, divisor);
+    without_gil([&] {
+      r.fn(d.ptr, x.ptr, y.ptr, d.count);
+      if (r.divide) r.divide(d.ptr, d.count, divisor);
+    });
   }, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("op"), py::arg("divisor") = 1);
   // The copy received data of large messages is written out with.
   m.def("copy_streaming", [](py::handle dst, py::handle src) {
     Buffer d = buffer_from_python(dst, "dst", true);
     Buffer s = buffer_from_python(src, "src", false);
     if (d.nbytes() != s.nbytes()) throw ValueError("copy_streaming: dst and src differ in size");
-    py::gil_scoped_release release;
-    copy_streaming(d.ptr, s.ptr, d.nbytes());
+    without_gil([&] { copy_streaming(d.ptr, s.ptr, d.nbytes()); });
   }, py::arg("dst"), py::arg("src"));
 }
 

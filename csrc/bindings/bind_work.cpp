@@ -123,10 +123,7 @@ PyObject* work_wait(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyO
     }
     Work& w = work_of(self);
     if (timeout == Py_None) {
-      {
-        ReleaseGil r;
-        w.wait(-1.0);  // throws the call's error
-      }
+      without_gil([&] { w.wait(-1.0); });  // throws the call's error
       Py_RETURN_TRUE;
     }
     if (!seconds_fn) throw Error("ringcomm: Work.wait(timeout) before ringcomm.work was imported");
@@ -134,11 +131,7 @@ PyObject* work_wait(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyO
     if (!t) throw py::error_already_set();
     const double s = PyFloat_AsDouble(t.ptr());
     if (s == -1.0 && PyErr_Occurred()) throw py::error_already_set();
-    bool done;
-    {
-      ReleaseGil r;
-      done = w.wait(s);
-    }
+    const bool done = without_gil([&] { return w.wait(s); });
     if (!done) {
       throw TimeoutError("ringcomm: wait for " + w.what() + " did not complete within " + py::repr(t).cast<std::string>() +
                          " s (the operation is still running)");

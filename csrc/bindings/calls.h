@@ -3,8 +3,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include <exception>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 
 #include "comm/executor.h"
 #include "comm/work.h"
@@ -29,23 +32,49 @@ inline bool python_interrupted() {
 // The thread that handles signals in Python (the main thread; set at import).
 unsigned long& signal_thread();
 
-// Releases the GIL for a blocking native call made from Python, and lets the
-// call's waits look at Ctrl-C (executor.h: interrupt_check). Only the thread
-// that runs Python's signal handlers asks: another thread taking the GIL
-// every 20 ms while it waits would only slow the main thread down.
-class ReleaseGil {
- public:
-  ReleaseGil() : prev_(interrupt_check()) {
-    if (PyThread_get_thread_ident() == signal_thread()) set_interrupt_check(&python_interrupted);
+// Runs f() with the GIL released and returns what it returns; f's waits
+// look at Ctrl-C (executor.h: interrupt_check) when this is the thread that
+// runs Python's signal handlers (another thread taking the GIL every 20 ms
+// while it waits would only slow the main thread down).
+//
+// Every binding that lets go of the GIL goes through here, never through a
+// guard object: taking the GIL back in a daemon thread once the interpreter
+// is finalizing ends that thread (CPython unwinds it with pthread_exit), and
+// that unwinding aborts the process ("terminate called without an active
+// exception") if it starts in a destructor (noexcept) or while another
+// exception unwinds. So f's exception is caught first, the GIL is taken back
+// in plain code, and the exception is thrown again after; the unwinding of a
+// thread ended there passes raise_current_exception (bind_errors.cpp) and
+// pybind11's dispatcher, which both let it through.
+template <class F>
+auto without_gil(F&& f) {
+  using R = decltype(f());
+  const InterruptCheck prev = interrupt_check();
+  if (PyThread_get_thread_ident() == signal_thread()) set_interrupt_check(&python_interrupted);
+  PyThreadState* state = PyEval_SaveThread();
+  std::exception_ptr error;
+  if constexpr (std::is_void_v<R>) {
+    try {
+      f();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    set_interrupt_check(prev);
+    PyEval_RestoreThread(state);
+    if (error) std::rethrow_exception(error);
+  } else {
+    std::optional<R> out;
+    try {
+      out.emplace(f());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    set_interrupt_check(prev);
+    PyEval_RestoreThread(state);
+    if (error) std::rethrow_exception(error);
+    return std::move(*out);
   }
-  ~ReleaseGil() { set_interrupt_check(prev_); }
-  ReleaseGil(const ReleaseGil&) = delete;
-  ReleaseGil& operator=(const ReleaseGil&) = delete;
-
- private:
-  InterruptCheck prev_;
-  pybind11::gil_scoped_release release_;
-};
+}
 
 inline ReduceOp to_op(long op) {
   if (op < 0 || op >= kNumReduceOps) throw ValueError("op " + std::to_string(op) + " is not a ReduceOp");

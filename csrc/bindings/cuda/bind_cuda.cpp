@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings/bind.h"
+#include "bindings/calls.h"
 #include "comm/chooser.h"
 #include "comm/cuda/gpu_communicator.h"
 #include "common/cuda/cuda_util.h"
@@ -102,17 +103,19 @@ void bind_cuda(py::module_& m) {
     const DataType t = dev_buffer(dst, count, dtype).dtype;
     const ReduceOp o = op_of(op);
     if (!reduce_op_supported(t, o)) throw ValueError("reduce op not defined for this dtype");
-    py::gil_scoped_release r;
-    cuda::reduce(t, o == ReduceOp::kAvg ? ReduceOp::kSum : o, reinterpret_cast<void*>(dst),
-                 reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b), count, stream_of(stream));
-    if (o == ReduceOp::kAvg) cuda::divide(t, reinterpret_cast<void*>(dst), count, divisor, stream_of(stream));
+    without_gil([&] {
+      cuda::reduce(t, o == ReduceOp::kAvg ? ReduceOp::kSum : o, reinterpret_cast<void*>(dst),
+                   reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b), count, stream_of(stream));
+      if (o == ReduceOp::kAvg) cuda::divide(t, reinterpret_cast<void*>(dst), count, divisor, stream_of(stream));
+    });
   });
 
   py::class_<GpuWork, std::shared_ptr<GpuWork>>(m, "GpuWork", py::dynamic_attr())
       .def("wait_stream", [](GpuWork& w, uintptr_t s) { w.wait_stream(stream_of(s)); })
-      .def("synchronize", &GpuWork::synchronize, py::arg("timeout_s") = -1.0,
-           py::call_guard<py::gil_scoped_release>())
-      .def("wait_host", &GpuWork::wait_host, py::arg("timeout_s") = -1.0, py::call_guard<py::gil_scoped_release>())
+      .def("synchronize", [](GpuWork& w, double t) { return without_gil([&] { return w.synchronize(t); }); },
+           py::arg("timeout_s") = -1.0)
+      .def("wait_host", [](GpuWork& w, double t) { return without_gil([&] { return w.wait_host(t); }); },
+           py::arg("timeout_s") = -1.0)
       .def("is_completed", &GpuWork::is_completed)
       .def("error", &GpuWork::error)
       .def("error_is_timeout", &GpuWork::error_is_timeout)
@@ -126,8 +129,7 @@ void bind_cuda(py::module_& m) {
                        const std::string& algo) {
              std::string id = uid;
              const Algo a = parse_device_algo(Device::kNccl, algo, "RINGCOMM_GPU_ALGO");
-             py::gil_scoped_release r;  // ncclCommInitRank waits for every rank
-             return std::make_shared<G>(rank, world, device, id, timeout_s, chunk_bytes, a);
+             return without_gil([&] { return std::make_shared<G>(rank, world, device, id, timeout_s, chunk_bytes, a); });  // ncclCommInitRank waits for every rank
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("unique_id"), py::arg("timeout_s"),
            py::arg("chunk_bytes"), py::arg("algo"))
@@ -136,22 +138,21 @@ void bind_cuda(py::module_& m) {
           [](int rank, int world, int device, double timeout_s, size_t slot_bytes, int nslots, size_t stage_bytes,
              size_t one_shot_max, size_t two_shot_max, const std::string& ipc_algo) {
             const Algo a = parse_device_algo(Device::kIpc, ipc_algo, "RINGCOMM_IPC_ALGO");
-            py::gil_scoped_release r;
-            return std::make_shared<G>(rank, world, device, timeout_s, IpcGeometry{slot_bytes, nslots, stage_bytes},
-                                       IpcThresholds{one_shot_max, two_shot_max}, a);
+            return without_gil([&] { return std::make_shared<G>(rank, world, device, timeout_s, IpcGeometry{slot_bytes, nslots, stage_bytes},
+                                       IpcThresholds{one_shot_max, two_shot_max}, a); });
           },
           py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("timeout_s"), py::arg("slot_bytes"),
           py::arg("nslots"), py::arg("stage_bytes"), py::arg("one_shot_max"), py::arg("two_shot_max"),
           py::arg("ipc_algo") = "auto")
       .def_property_readonly("over_ipc", &G::over_ipc)
       .def("handle", &G::ipc_handle)
-      .def("connect", &G::ipc_connect, py::call_guard<py::gil_scoped_release>())
+      .def("connect", [](G& g, const std::vector<std::string>& handles) { without_gil([&] { g.ipc_connect(handles); }); })
       .def("exported", &G::ipc_exported)
       .def_property_readonly("stream", [](const G& g) { return reinterpret_cast<uintptr_t>(g.stream()); })
       .def_property_readonly("device", &G::device)
       .def("async_error", &G::async_error)
-      .def("abort", &G::abort, py::call_guard<py::gil_scoped_release>())
-      .def("close", &G::close, py::call_guard<py::gil_scoped_release>())
+      .def("abort", [](G& g, const std::string& why) { without_gil([&] { g.abort(why); }); })
+      .def("close", [](G& g) { without_gil([&] { g.close(); }); })
       // The chooser over this communicator's device and settings (comm/chooser.h).
       .def("choose", [](const G& g, const std::string& op, size_t nbytes, int dtype, int redop, const std::string& algo) {
         if (dtype < 0 || dtype >= kNumDataTypes) throw ValueError("dtype " + std::to_string(dtype) + " is not a DataType");
@@ -171,56 +172,45 @@ void bind_cuda(py::module_& m) {
           "all_reduce",
           [](G& g, uintptr_t p, size_t n, int t, int op, uintptr_t s, const std::string& algo) {
             const Algo a = parse_gpu_call_algo(algo);
-            py::gil_scoped_release r;
-            return g.all_reduce(dev_buffer(p, n, t), op_of(op), stream_of(s), a);
+            return without_gil([&] { return g.all_reduce(dev_buffer(p, n, t), op_of(op), stream_of(s), a); });
           },
           py::arg("ptr"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("stream"), py::arg("algo"))
       .def("reduce_scatter", [](G& g, uintptr_t op_, size_t on, uintptr_t ip, size_t in, int t, int op, uintptr_t s,
                                 const std::string& algo) {
         const Algo a = parse_gpu_call_algo(algo);
-        py::gil_scoped_release r;
-        return g.reduce_scatter(dev_buffer(op_, on, t), dev_buffer(ip, in, t), op_of(op), stream_of(s), a);
+        return without_gil([&] { return g.reduce_scatter(dev_buffer(op_, on, t), dev_buffer(ip, in, t), op_of(op), stream_of(s), a); });
       })
       .def("all_gather", [](G& g, uintptr_t op_, size_t on, uintptr_t ip, size_t in, int t, uintptr_t s,
                             const std::string& algo) {
         const Algo a = parse_gpu_call_algo(algo);
-        py::gil_scoped_release r;
-        return g.all_gather(dev_buffer(op_, on, t), dev_buffer(ip, in, t), stream_of(s), a);
+        return without_gil([&] { return g.all_gather(dev_buffer(op_, on, t), dev_buffer(ip, in, t), stream_of(s), a); });
       })
       .def("broadcast", [](G& g, uintptr_t p, size_t n, int t, int root, uintptr_t s, const std::string& algo) {
         const Algo a = parse_gpu_call_algo(algo);
-        py::gil_scoped_release r;
-        return g.broadcast(dev_buffer(p, n, t), root, stream_of(s), a);
+        return without_gil([&] { return g.broadcast(dev_buffer(p, n, t), root, stream_of(s), a); });
       })
       .def("reduce", [](G& g, uintptr_t p, size_t n, int t, int root, int op, uintptr_t s, const std::string& algo) {
         const Algo a = parse_gpu_call_algo(algo);
-        py::gil_scoped_release r;
-        return g.reduce(dev_buffer(p, n, t), root, op_of(op), stream_of(s), a);
+        return without_gil([&] { return g.reduce(dev_buffer(p, n, t), root, op_of(op), stream_of(s), a); });
       })
       .def("scatter", [](G& g, uintptr_t op_, size_t on, uintptr_t ip, size_t in, int t, int root, uintptr_t s) {
-        py::gil_scoped_release r;
-        return g.scatter(dev_buffer(op_, on, t), dev_buffer(ip, in, t), root, stream_of(s));
+        return without_gil([&] { return g.scatter(dev_buffer(op_, on, t), dev_buffer(ip, in, t), root, stream_of(s)); });
       })
       .def("gather", [](G& g, uintptr_t op_, size_t on, uintptr_t ip, size_t in, int t, int root, uintptr_t s) {
-        py::gil_scoped_release r;
-        return g.gather(dev_buffer(op_, on, t), dev_buffer(ip, in, t), root, stream_of(s));
+        return without_gil([&] { return g.gather(dev_buffer(op_, on, t), dev_buffer(ip, in, t), root, stream_of(s)); });
       })
       .def("all_to_all", [](G& g, uintptr_t op_, size_t on, uintptr_t ip, size_t in, int t, uintptr_t s) {
-        py::gil_scoped_release r;
-        return g.all_to_all(dev_buffer(op_, on, t), dev_buffer(ip, in, t), stream_of(s));
+        return without_gil([&] { return g.all_to_all(dev_buffer(op_, on, t), dev_buffer(ip, in, t), stream_of(s)); });
       })
       .def("send", [](G& g, uintptr_t p, size_t n, int t, int peer, uintptr_t s) {
-        py::gil_scoped_release r;
-        return g.send(dev_buffer(p, n, t), peer, stream_of(s));
+        return without_gil([&] { return g.send(dev_buffer(p, n, t), peer, stream_of(s)); });
       })
       .def("recv", [](G& g, uintptr_t p, size_t n, int t, int peer, uintptr_t s) {
-        py::gil_scoped_release r;
-        return g.recv(dev_buffer(p, n, t), peer, stream_of(s));
+        return without_gil([&] { return g.recv(dev_buffer(p, n, t), peer, stream_of(s)); });
       })
       .def("sendrecv", [](G& g, uintptr_t sp, size_t sn, int st, int dst, uintptr_t rp, size_t rn, int rt, int src,
                           uintptr_t s) {
-        py::gil_scoped_release r;
-        return g.sendrecv(dev_buffer(sp, sn, st), dst, dev_buffer(rp, rn, rt), src, stream_of(s));
+        return without_gil([&] { return g.sendrecv(dev_buffer(sp, sn, st), dst, dev_buffer(rp, rn, rt), src, stream_of(s)); });
       });
 }
 
