@@ -272,33 +272,43 @@ def test_size_mismatch_fails_both_ranks():
     assert isinstance(sender, dict) and "rank 1" in sender["text"] and "10 elements" in sender["text"], sender
 
 
-def _held_limit(comm):
+def _held_limit(comm, first):
+    """Rank 0 sends 4 MiB (over the 1 MiB limit on held messages) and then the
+    message rank 1 waits for, which cannot pass the first. `first` says which
+    rank's call starts its clock first, and so times out first: either way
+    rank 1's error names the limit (when rank 0 times out first, rank 1 raises
+    with rank 0's abort notice, and adds the limit to it)."""
     import ringcomm
 
     r = comm.rank
     if r == 0:
-        # Rank 1's receive starts its clock first: rank 1 times out first and names the limit
-        # (when rank 0's send timed out first, rank 1 raised with rank 0's abort notice, which
-        # does not: seen once in CI).
-        time.sleep(0.5)
+        if first == "receiver":
+            time.sleep(0.5)
         try:
             comm.isend(_msg(1, MIB), 1, tag=1)  # 4 MiB, more than the 1 MiB limit
             comm.send(_msg(2), 1, tag=2)  # waits behind it (the FIFO is full), until the timeout
         except ringcomm.RingcommError:
             pass
         return []
+    if first == "sender":
+        time.sleep(1.0)
     try:
         comm.recv(np.zeros(N, np.float32), 0, tag=2)
-        return ["no timeout"]
-    except ringcomm.TimeoutError as e:
+        return ["no error"]
+    except ringcomm.RingcommError as e:
         text = str(e)
+        if first == "receiver" and not isinstance(e, ringcomm.TimeoutError):
+            return [f"not a timeout: {text}"]
+        if first == "sender" and "rank 0" not in text:
+            return [f"rank 0 not named: {text}"]
         return [] if "does not fit under the limit on held unmatched messages (1048576 bytes" in text and \
-            "RINGCOMM_P2P_UNEXPECTED_MB" in text else [f"timeout text: {text}"]
+            "RINGCOMM_P2P_UNEXPECTED_MB" in text else [f"error text: {text}"]
 
 
-def test_held_messages_limit_is_named():
-    res = harness.run_ranks(_held_limit, 2, env={"RINGCOMM_P2P_UNEXPECTED_MB": "1"}, comm_timeout=TIMEOUT,
-                            hard_timeout=90, grace=30)
+@pytest.mark.parametrize("first", ["receiver", "sender"])
+def test_held_messages_limit_is_named(first):
+    res = harness.run_ranks(_held_limit, 2, args=(first,), env={"RINGCOMM_P2P_UNEXPECTED_MB": "1"},
+                            comm_timeout=TIMEOUT, hard_timeout=90, grace=30)
     assert res[1] == [], res
 
 

@@ -122,19 +122,24 @@ void Communicator::execute_p2p(P2pMember* first, size_t n, bool take_queued) {
     group.clear();
     return;
   } catch (const std::exception& e) {
-    fail(e.what());
+    // A peer that aborted meanwhile (its send timed out behind a message
+    // this rank could not take) is the error; the held limit is the why.
+    std::string why = e.what();
+    const std::string limit = matcher_.limit_text();
+    if (!limit.empty() && why.find("RINGCOMM_P2P_UNEXPECTED_MB") == std::string::npos) why += " (" + limit + ")";
+    fail(why);
     const Work::ErrorKind kind = error_kind_of(e);
     for (P2pMember& m : group) {
       if (!m.done) {
         record(m.call, CallState::kFailed);
-        m.work->fail(kind, e.what());
+        m.work->fail(kind, why);
       }
     }
     router_.release_refs();  // a send that failed before drive() did (while posting)
     matcher_.reset();
     for (P2pMember& m : group) matcher_.finish(m.op);
     // Members not posted yet (the error came while posting).
-    for (size_t i = group.size(); i < n; ++i) first[i].work->fail(kind, e.what());
+    for (size_t i = group.size(); i < n; ++i) first[i].work->fail(kind, why);
   }
   group.clear();
 }

@@ -510,11 +510,18 @@ std::string P2pMatcher::waiting_text(const P2pOp& op) {
             " message(s), tags " + tags;
   }
   if (!held.empty()) s += "; held unmatched: " + held;
+  const std::string limit = limit_text();
+  if (!limit.empty()) s += "; " + limit;
+  return s;
+}
+
+std::string P2pMatcher::limit_text() const {
+  std::string s;
   for (int q = 0; q < world_; ++q) {
     if (peers_[q].blocked) {
-      s += "; rank " + num(q) + "'s next message does not fit under the limit on held unmatched messages (" +
-           num(cap_) + " bytes, " + num(held_bytes_) + " held; RINGCOMM_P2P_UNEXPECTED_MB): receive the held "
-           "messages first or raise the limit";
+      s += std::string(s.empty() ? "" : "; ") + "rank " + num(q) +
+           "'s next message does not fit under the limit on held unmatched messages (" + num(cap_) + " bytes, " +
+           num(held_bytes_) + " held; RINGCOMM_P2P_UNEXPECTED_MB): receive the held messages first or raise the limit";
     }
   }
   return s;

@@ -72,6 +72,11 @@ class P2pMatcher {
 
   // What a timed-out operation waited for, with what is held from the peers.
   std::string waiting_text(const P2pOp& op);
+  // The peers whose next message waits for room under the limit on held
+  // messages, in words ("" when none): part of waiting_text, and added to
+  // the error of a call that fails for another reason meanwhile (a peer that
+  // aborted, typically the sender whose send timed out behind that message).
+  std::string limit_text() const;
 
  private:
   struct Held {  // a message that arrived before its receive was posted
