@@ -7,6 +7,9 @@ Four ways, measured side by side in one run, 2 ranks on this host:
   dist/no-op      dist.all_reduce(x) on a Python ProcessGroup that does nothing
                   and returns a completed Work: the floor torch's own dispatch
                   to a Python process group (ringcomm's kind) costs
+  dist/C++ no-op  the same on torch's own do-nothing C++ backend (FakeProcessGroup,
+                  the "fake" backend): the floor of a C++ c10d backend, which
+                  torch reaches through its op dispatcher
 Each round times `--calls` back-to-back calls of each way in turn (the order
 rotates per round); the figure is the median over rounds of the per-call time
 of rank 0 (both ranks take part in every call). Also the same for async_op=True
@@ -72,6 +75,8 @@ def rank_main(rank, port, rounds, calls, q):
     rc = dist.group.WORLD
     gloo = dist.new_group(backend="gloo")
     noop = dist.new_group(backend="noop")
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+    fake = dist.new_group(backend="fake")
     comm = rc.communicator
     x = torch.ones(1, dtype=torch.float32)
     peer = 1 - rank
@@ -116,15 +121,18 @@ def rank_main(rank, port, rounds, calls, q):
         "all_reduce: dist/ringcomm": via(rc),
         "all_reduce: dist/gloo": via(gloo),
         "all_reduce: dist/no-op (floor)": via(noop),
+        "all_reduce: dist/C++ no-op": via(fake),
         "all_reduce async+wait: ringcomm API": api_async,
         "all_reduce async+wait: dist/ringcomm": via_async(rc),
         "all_reduce async+wait: dist/gloo": via_async(gloo),
         "all_reduce async+wait: dist/no-op (floor)": via_async(noop),
+        "all_reduce async+wait: dist/C++ no-op": via_async(fake),
         "all_reduce async+wait: native call": native_async,
         "send/recv ping-pong (1/2 RTT): ringcomm API": api_pingpong,
         "send/recv ping-pong (1/2 RTT): dist/ringcomm": pingpong(rc),
         "send/recv ping-pong (1/2 RTT): dist/gloo": pingpong(gloo),
         "send/recv ping-pong (1/2 RTT): dist/no-op (floor)": pingpong(noop),
+        "send/recv ping-pong (1/2 RTT): dist/C++ no-op": pingpong(fake),
     }
     names = list(ways)
     for f in ways.values():  # warm up
