@@ -3,9 +3,11 @@
 # float32 and bfloat16 SUM, all_reduce / reduce_scatter / all_gather / broadcast / reduce,
 # 4 B .. 256 MiB, LAUNCHES jobs of each; JSON reports into OUT, then the summary table.
 #
-#   bash benchmarks/peers/sweep_all.sh PEERS_PREFIX OUT_DIR [LAUNCHES]
+#   bash benchmarks/peers/sweep_all.sh PEERS_PREFIX OUT_DIR [LAUNCHES [TABLE]]
+#
+# TABLE defaults to OUT_DIR/../peers_table.txt (name another for another host's run).
 set -euo pipefail
-peers=$1; out=$2; launches=${3:-1}
+peers=$1; out=$2; launches=${3:-1}; table=${4:-$out/../peers_table.txt}
 here=$(dirname "$0")
 mkdir -p "$out"
 ops=all_reduce,reduce_scatter,all_gather,broadcast,reduce
@@ -24,5 +26,5 @@ for i in $(seq 1 "$launches"); do
     done
   done
 done
-python "$here/summarize.py" "$out"/*.json > "$out/../peers_table.txt"
-echo "table: $out/../peers_table.txt"
+python "$here/summarize.py" "$out"/*.json > "$table"
+echo "table: $table"
