@@ -49,31 +49,25 @@ unsigned long& signal_thread();
 template <class F>
 auto without_gil(F&& f) {
   using R = decltype(f());
+  constexpr bool kVoid = std::is_void_v<R>;
   const InterruptCheck prev = interrupt_check();
   if (PyThread_get_thread_ident() == signal_thread()) set_interrupt_check(&python_interrupted);
   PyThreadState* state = PyEval_SaveThread();
   std::exception_ptr error;
-  if constexpr (std::is_void_v<R>) {
-    try {
+  std::optional<std::conditional_t<kVoid, char, R>> out;  // (char: nothing to keep)
+  try {
+    if constexpr (kVoid) {
       f();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    set_interrupt_check(prev);
-    PyEval_RestoreThread(state);
-    if (error) std::rethrow_exception(error);
-  } else {
-    std::optional<R> out;
-    try {
+    } else {
       out.emplace(f());
-    } catch (...) {
-      error = std::current_exception();
     }
-    set_interrupt_check(prev);
-    PyEval_RestoreThread(state);
-    if (error) std::rethrow_exception(error);
-    return std::move(*out);
+  } catch (...) {
+    error = std::current_exception();
   }
+  set_interrupt_check(prev);
+  PyEval_RestoreThread(state);
+  if (error) std::rethrow_exception(error);
+  if constexpr (!kVoid) return std::move(*out);
 }
 
 inline ReduceOp to_op(long op) {
