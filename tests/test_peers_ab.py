@@ -51,3 +51,34 @@ def test_summary_ratios(tmp_path):
     assert cells[:6] == ["4", "30.00", "16.00", "16.00", "8.00", "0.53"], row
     assert "## reduce" not in text
     assert "# note" in text
+
+
+def test_peers_markdown_tables(tmp_path):
+    """summarize.py --markdown: each cell is ringcomm's time over the fastest peer's, paired within a job
+    (median over jobs), a ratio above 1 is bold, and the all_reduce table lists every backend's time."""
+    spec = importlib.util.spec_from_file_location(
+        "summarize", os.path.join(HERE, "..", "benchmarks", "peers", "summarize.py"))
+    summ = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summ)
+    paths = [
+        # all_reduce 4 B: Open MPI 2.0 us in both jobs, ringcomm 3.0 and 5.0 in them: ratio 1.5 and 2.5, median 2.0.
+        _report(tmp_path / "o1.json", "Open MPI v5", [("all_reduce", 4, 3.0, 2.0, 0), ("all_reduce", 1024, 1.0, 4.0, 0)]),
+        _report(tmp_path / "o2.json", "Open MPI v5", [("all_reduce", 4, 5.0, 2.0, 0), ("all_reduce", 1024, 1.0, 4.0, 0)]),
+        # MPICH is slower at 4 B (it is not the best peer) and gives a wrong result at 1 KiB (left out).
+        _report(tmp_path / "m1.json", "MPICH Version: 5", [("all_reduce", 4, 4.0, 9.0, 0), ("all_reduce", 1024, 1.0, 0.5, 1)]),
+    ]
+    out = tmp_path / "table.md"
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert summ.main([str(p) for p in paths] + ["--markdown", "4,1K,64K"]) == 0
+    text = buf.getvalue()
+    out.write_text(text)
+    assert "Test CPU; 3 jobs" in text
+    row = next(line for line in text.splitlines() if line.startswith("| all_reduce | 4 | fp32 |"))
+    assert row == "| all_reduce | 4 | fp32 | **2.00** OMPI | 0.25 OMPI | - |", row
+    assert "| 4 B | 4.00 | 9.00 | 2.00 |" in text  # ringcomm in Open MPI's jobs; MPICH; Open MPI
+    assert "| 1 KiB | 1.00 | - | 4.00 |" in text
+    with pytest.raises(SystemExit):
+        summ.main([str(paths[0]), "--markdown", "4,x"])

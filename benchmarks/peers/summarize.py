@@ -10,6 +10,9 @@ from the same job, so that drift between jobs does not enter a ratio
 job's memcpy.
 
     python benchmarks/peers/summarize.py benchmarks/results/peers/*.json > benchmarks/results/peers_table.txt
+
+--markdown SIZES prints the README's tables (a ratio per op, world size, dtype
+and size; all_reduce's times per backend) from the same reports instead.
 """
 import argparse
 import collections
@@ -47,7 +50,7 @@ def collect(paths):
             rep = json.load(f)
         world = rep["config"]["world_size"]
         meta.append((path, rep["date"], rep["machine"].get("cpu_model"), world, rep["config"]["dtype"],
-                     rep["machine"].get("mpi_library") or "-", " ".join(rep["command"])))
+                     rep["machine"].get("mpi_library") or "-", " ".join(rep.get("command", []))))
         for row in rep["results"]:
             cells = row["backends"]
             ring = cells.get("ringcomm", {})
@@ -65,11 +68,103 @@ def collect(paths):
     return pairs, busbw, meta
 
 
+def cell_stats(cells):
+    """peer -> [(peer us, ringcomm us)] -> (median per peer, ratio per peer, best peer, ringcomm's us in its jobs)."""
+    med = {p: statistics.median(t for t, _ in v) for p, v in cells.items()}
+    ratio = {p: statistics.median(r / t for t, r in v) for p, v in cells.items()}
+    best = min(med, key=med.get)
+    ring = statistics.median(r for _, r in cells[best])
+    return med, ratio, best, ring
+
+
+SHORT = {"openmpi": "OMPI", "mpich": "MPICH", "intelmpi": "IMPI", "deepspeed": "DS", "gloo": "gloo"}
+DTYPE = {"float": "fp32", "bfloat16": "bf16"}
+
+
+def fmt_bytes(n):
+    for unit, k in ((" MiB", 1 << 20), (" KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k}{unit}"
+    return f"{n} B"
+
+
+def markdown(pairs, busbw, meta, sizes):
+    """The README's tables, every figure from these reports: ringcomm's time / the best peer's at each of
+    `sizes` per (op, world, dtype), and all_reduce's time per backend at the smallest world and float32."""
+    out = []
+    cpus = sorted({m[2] or "?" for m in meta})
+    dates = sorted(m[1] for m in meta)
+    mpis = sorted({m[5] for m in meta if m[5] != "-"})
+    out.append(f"{', '.join(cpus)}; {len(meta)} jobs, {dates[0][:16]} to {dates[-1][:16]} UTC; "
+               f"MPIs: {'; '.join(' '.join(x.split()) for x in mpis)}.")
+    out.append("")
+    out.append("ringcomm's time / the best peer's, both from the same job (median over the jobs), and that peer "
+               "(OMPI Open MPI, IMPI Intel MPI, MPICH, DS DeepSpeed's shm all_reduce, gloo); below 1.00 ringcomm "
+               "is faster:")
+    out.append("")
+    out.append("| op | ranks | dtype | " + " | ".join(fmt_bytes(n) for n in sizes) + " |")
+    out.append("|---|---|---|" + "---|" * len(sizes))
+    groups = sorted({k[:3] for k in pairs}, key=lambda g: (g[1], g[0], g[2] != "float"))
+    for op, world, dtype in groups:
+        row = f"| {op} | {world} | {DTYPE.get(dtype, dtype)} |"
+        for n in sizes:
+            cells = pairs.get((op, world, dtype, n))
+            if not cells:
+                row += " - |"
+                continue
+            _, ratio, best, _ = cell_stats(cells)
+            mark = "**" if ratio[best] > 1.0 else ""
+            r = ratio[best]
+            row += f" {mark}{r:.2f}{mark} {SHORT.get(best, best)} |" if r >= 0.1 else f" {r:.3f} {SHORT.get(best, best)} |"
+        out.append(row)
+    worlds = sorted({k[1] for k in pairs})
+    if worlds:
+        world = worlds[0]
+        keys = sorted((k for k in pairs if k[:3] == ("all_reduce", world, "float") and k[3] in sizes),
+                      key=lambda k: k[3])
+        peers = sorted({p for k in keys for p in pairs[k]})
+        out.append("")
+        out.append(f"all_reduce, {world} ranks, fp32 SUM, time per call in us (each peer's median over its jobs; "
+                   "ringcomm's in the best peer's jobs); busbw against the same jobs' memcpy:")
+        out.append("")
+        out.append("| size | ringcomm | " + " | ".join(peers) + " | ringcomm busbw / memcpy, memcpy on every rank |")
+        out.append("|---|---|" + "---|" * len(peers) + "---|")
+        for k in keys:
+            med, _, _, ring = cell_stats(pairs[k])
+            bw = busbw.get((world, "float", k[3]))
+            frac = "-"
+            if bw and k[3] >= (1 << 20):
+                frac = (f"{statistics.median(x for x, _, _ in bw):.2f} GB/s: "
+                        f"{statistics.median(x / y for x, y, _ in bw):.2f}x, "
+                        f"{statistics.median(x / z for x, _, z in bw):.2f}x")
+            out.append(f"| {fmt_bytes(k[3])} | {ring:.2f} | " + " | ".join(
+                f"{med[p]:.2f}" if p in med else "-" for p in peers) + f" | {frac} |")
+    return "\n".join(out)
+
+
+def parse_sizes(text):
+    out = []
+    for part in text.split(","):
+        part = part.strip().upper()
+        mult = 1
+        if part.endswith("M"):
+            mult, part = 1 << 20, part[:-1]
+        elif part.endswith("K"):
+            mult, part = 1 << 10, part[:-1]
+        out.append(int(part) * mult)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("reports", nargs="+")
+    p.add_argument("--markdown", metavar="SIZES", type=parse_sizes,
+                   help="print the README's markdown tables at these sizes instead (4,1K,64K,1M,16M,64M,256M)")
     a = p.parse_args(argv)
     pairs, busbw, meta = collect(a.reports)
+    if a.markdown:
+        print(markdown(pairs, busbw, meta, a.markdown))
+        return 0
     print("# ringcomm against each CPU peer, time per call (us, median over the jobs that ran it); best = the peer")
     print("# with the lowest time; ringcomm us = ringcomm's median in the best peer's jobs; ratio = ringcomm's time /")
     print("# the best peer's, both from the same job (median over jobs): <= 1.00, ringcomm at least as fast. Reports:")
@@ -88,10 +183,7 @@ def main(argv=None):
         print(head)
         for key in sorted(groups[gkey], key=lambda k: k[3]):
             d = pairs[key]
-            med = {p: statistics.median(t for t, _ in v) for p, v in d.items()}
-            ratio = {p: statistics.median(r / t for t, r in v) for p, v in d.items()}
-            best = min(med, key=med.get)
-            ring = statistics.median(r for _, r in d[best])  # in the best peer's jobs
+            med, ratio, best, ring = cell_stats(d)  # ring: ringcomm's median in the best peer's jobs
             worst_ratio = max(ratio[p] for p in ratio)
             line = f"{fmt_size(key[3]):>6} " + "".join(
                 f"{med[p]:13.2f}" if p in med else f"{'-':>13}" for p in peers)
