@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 PROGRAM = textwrap.dedent("""
     import threading, time
     import numpy as np
@@ -54,3 +56,38 @@ def test_exit_with_daemon_threads_inside_calls_is_clean():
         assert p.returncode == 0 and "terminate called" not in said, f"launch {launch}: exit {p.returncode}\n{said[-3000:]}"
         looped = ast.literal_eval(said.split("looped", 1)[1].strip().splitlines()[0])  # every kind of call ran
         assert all(n > 0 for n in looped.values()), looped
+
+
+# The torch group's Completer completes futures in its own thread; torch runs
+# their callbacks inside Future.set_result with the GIL released by a guard
+# that takes it back in a noexcept destructor. A Completer caught there by
+# finalization aborted the process (CI: torch's test_all_reduce_sum_async);
+# now an atexit handler stops and joins it first.
+FUTURES = textwrap.dedent("""
+    import time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    from ringcomm.torch_backend.process_group import ProcessGroupRingcomm
+
+    pg = ProcessGroupRingcomm(dist.HashStore(), 0, 1, timedelta(seconds=5))
+    done = [0]
+
+    def slow(fut):
+        time.sleep(0.02)  # the GIL released, inside set_result on the Completer's thread
+        done[0] += 1
+
+    x = torch.ones(4)
+    for _ in range(50):
+        pg.allreduce([x], dist.AllreduceOptions()).get_future().then(slow)
+    time.sleep(0.1)
+    print("completed", done[0], flush=True)
+""")
+
+
+def test_exit_while_the_completer_runs_future_callbacks_is_clean():
+    pytest.importorskip("torch")
+    for launch in range(2):  # the old Completer aborted every launch
+        p = subprocess.run([sys.executable, "-c", FUTURES], capture_output=True, text=True, timeout=120)
+        said = p.stdout + p.stderr
+        assert p.returncode == 0 and "terminate called" not in said, f"launch {launch}: exit {p.returncode}\n{said[-3000:]}"
+        assert int(said.split("completed", 1)[1].split()[0]) > 0, said  # the callbacks ran on the thread

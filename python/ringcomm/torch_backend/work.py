@@ -9,8 +9,10 @@ Futures matter because DDP waits on `get_future()` only (in C++, never
 calling wait()): a future that was asked for is completed by the group's
 Completer thread as soon as the ringcomm operations finish.
 """
+import atexit
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import torch
@@ -267,11 +269,37 @@ class StreamEvent:
         return None
 
 
+# Completers whose thread may be running; stopped at interpreter exit (below).
+_RUNNING = weakref.WeakSet()
+# How long exit waits for a Completer that is inside a future's callback.
+EXIT_JOIN_S = 5.0
+
+
+def _stop_completers():
+    """At interpreter exit, before finalization: every Completer thread ends
+    after what it is doing (a future's callbacks); Works still pending stay so.
+
+    A daemon thread that takes the GIL back once the interpreter finalizes is
+    ended by pthread_exit, and torch takes the GIL back in a noexcept
+    destructor inside Future.set_result (around the callbacks it runs): a
+    Completer caught there aborted the whole process ("terminate called
+    without an active exception"). atexit handlers run before finalization,
+    so the thread ends here instead."""
+    threads = [t for t in (c._exit() for c in list(_RUNNING)) if t is not None]
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_stop_completers)
+
+
 class Completer:
     """One thread per process group that completes the futures somebody asked for.
 
     It waits on the oldest watched Work; every POLL_S it also completes later
     ones that finished first (sends and receives may finish out of order).
+    At interpreter exit it stops (_stop_completers).
     """
 
     POLL_S = 0.01
@@ -282,6 +310,7 @@ class Completer:
         self._pending = []
         self._thread = None
         self._stop = False
+        self._exiting = False
 
     def watch(self, work):
         """Settles `work` once it finished: completes its future, ends its profiler record."""
@@ -289,6 +318,7 @@ class Completer:
             self._pending.append(work)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                _RUNNING.add(self)
                 self._thread.start()
             self._cv.notify()
 
@@ -298,12 +328,19 @@ class Completer:
             self._stop = True
             self._cv.notify()
 
+    def _exit(self):
+        """The thread ends after its current step; returns it (to join), or None."""
+        with self._cv:
+            self._exiting = True
+            self._cv.notify()
+            return self._thread
+
     def _loop(self):
         while True:
             with self._cv:
-                while not self._pending and not self._stop:
+                while not self._pending and not self._stop and not self._exiting:
                     self._cv.wait()
-                if not self._pending:
+                if not self._pending or self._exiting:
                     return
                 head = self._pending[0]
             try:
@@ -311,10 +348,14 @@ class Completer:
             except Exception:  # noqa: BLE001 - _settle() below records the error
                 pass
             with self._cv:
+                if self._exiting:
+                    return
                 done = [w for w in self._pending if w._native_done() or w._settled]
                 if done:
                     self._pending = [w for w in self._pending if not any(w is d for d in done)]
             for w in done:
+                if self._exiting:
+                    return
                 try:
                     w._settle()
                 except Exception:  # noqa: BLE001 - a failing future callback must not stop the thread
