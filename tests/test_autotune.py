@@ -262,3 +262,64 @@ def test_a_rank_lost_while_its_peers_explore():
         assert out["error"] and "rank 2" in out["error"], (rank, out)
         assert out["seconds"] < 20, (rank, out)  # told at once, not at the 60 s timeout
         assert out["state"][0]["state"] == "exploring", out
+
+
+def _large_calls_try_pulls(comm):
+    """From 16 MiB up, where every rank can read its peers' memory, the
+    single-copy pulls are candidates of the collectives: unmodelled (never the
+    model's pick), measured when a pick runs far from its prediction. The FIFO
+    schedules' slots pass between the cores through the caches, which some
+    placements of a VM's cores make 4-5x slower for whole runs; pulls are not."""
+    fails = []
+    n, r = comm.world_size, comm.rank
+    pull = comm._native.pull_enabled
+    big, small = 16 << 20, 8 << 20
+    for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"):
+        names = [a for a, _ in comm.explain(op, big)]
+        if ("pull" in names) != pull:
+            fails.append(f"{op} {big}: pull readable {pull}, candidates {comm.explain(op, big)}")
+        if any(a == "pull" and t == t for a, t in comm.explain(op, big)):
+            fails.append(f"{op}: pull has a prediction {comm.explain(op, big)}")
+        if "pull" in [a for a, _ in comm.explain(op, small)]:
+            fails.append(f"{op} {small}: pull listed below 16 MiB: {comm.explain(op, small)}")
+    _wrong_model(comm)
+    count = big // 4
+    base = (np.arange(count, dtype=np.float32) % 97)
+    for it in range(24):
+        x = base * (r + 1) + it
+        want = base * (n * (n + 1) / 2) + n * it
+        y = x.copy()
+        comm.all_reduce(y)
+        _check(fails, f"all_reduce it {it}", y, want)
+        part = -(-count // n)  # all ranks' data at least 16 MiB
+        g = np.empty(part * n, np.float32)
+        comm.all_gather(g, x[:part])
+        _check(fails, f"all_gather it {it}", g, np.concatenate([(base[:part] * (q + 1) + it) for q in range(n)]))
+        b = x.copy() if r == 0 else np.zeros(count, np.float32)
+        comm.broadcast(b, src=0)
+        _check(fails, f"broadcast it {it}", b, base + it)
+    seen = {(e["op"], e["nbytes"]): e for e in comm.tuning()}
+    for key in (("all_reduce", big), ("all_gather", part * n * 4), ("broadcast", big)):
+        e = seen.get(key)
+        if e is None or e["explorations"] < 1:
+            fails.append(f"{key} did not explore: {e}")
+            continue
+        measured = [m[0] for m in e["measured"]]
+        if ("pull" in measured) != pull:
+            fails.append(f"{key}: pull readable {pull}, explored {measured}")
+    return {"fails": fails, "tuning": comm.tuning(), "pull": pull}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_large_calls_explore_the_pulls(world_size):
+    res = harness.run_ranks(_large_calls_try_pulls, world_size, comm_timeout=60.0, hard_timeout=300, grace=30)
+    harness.assert_no_failures([r["fails"] for r in res])
+    for r in res[1:]:
+        assert r["tuning"] == res[0]["tuning"]
+
+
+def test_large_calls_without_pulls_do_not_list_them():
+    res = harness.run_ranks(_large_calls_try_pulls, 2, comm_timeout=60.0, hard_timeout=300, grace=30,
+                            env={"RINGCOMM_PULL": "0"})
+    harness.assert_no_failures([r["fails"] for r in res])
+    assert not res[0]["pull"]

@@ -35,6 +35,12 @@ Algo forced_algo(const ChoiceContext& ctx, const ChoiceCall& call) {
   return call.requested != Algo::kAuto ? call.requested : ctx.configured;
 }
 
+// The collectives whose bulk passes the FIFO and that have a pull schedule.
+bool pull_tunable(OpKind k) {
+  return k == OpKind::kAllReduce || k == OpKind::kReduceScatter || k == OpKind::kAllGather ||
+         k == OpKind::kBroadcast || k == OpKind::kReduce;
+}
+
 double cpu_seconds(const ChoiceContext& ctx, const ChoiceCall& call, Algo a) {
   if (!ctx.model || a == Algo::kPull) return kNaN;
   try {
@@ -162,7 +168,15 @@ std::vector<Candidate> candidates(const ChoiceContext& ctx, const ChoiceCall& ca
       if (ctx.model) {
         for (const Prediction& p : ctx.model->predict(call.kind, call.bytes)) add(p.algo, p.seconds);
       }
-      // (pull is no candidate of `auto`: only forcing runs it, and then it is first)
+      // Large collectives of one host also have the single-copy pulls, unmodelled
+      // (so never the model's pick): the FIFO's slots pass from core to core
+      // through the caches, which some placements of a VM's cores make 4-5x
+      // slower for whole runs, where a pull streams from memory alike in
+      // every placement (docs/performance.md). The tuner measures both when
+      // the pick runs far from its prediction, and keeps the faster.
+      if (ctx.model && ctx.pull_ok && call.bytes >= kPullCandidateBytes && pull_tunable(call.kind)) {
+        add(Algo::kPull, kNaN);
+      }
       break;
     }
     case Device::kNccl: {

@@ -61,6 +61,10 @@ struct ChoiceContext {
   size_t ipc_stage_bytes = 0;      // cuda_ipc: the most one-shot / two-shot can hold
 };
 
+// From this size up, `auto`'s CPU collectives list the pull schedules among
+// their candidates (unmodelled: the tuner tries them, the model never picks them).
+constexpr size_t kPullCandidateBytes = size_t{16} << 20;
+
 struct Candidate {
   Algo algo;
   double seconds;  // predicted; NaN where nothing is modelled

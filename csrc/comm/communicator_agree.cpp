@@ -81,7 +81,8 @@ void Communicator::tune_after(const Call& c, Clock::time_point start, Clock::tim
     call.bytes = c.model_bytes;
     std::vector<Candidate> out;
     for (const Candidate& k : candidates(choice_context(c.kind), call)) {
-      if (std::isfinite(k.seconds)) out.push_back(k);  // what the model can run for it
+      // What the model can run for it, and the unmodelled pulls of large calls.
+      if (std::isfinite(k.seconds) || k.algo == Algo::kPull) out.push_back(k);
     }
     return out;
   });
