@@ -54,8 +54,9 @@ double cpu_seconds(const ChoiceContext& ctx, const ChoiceCall& call, Algo a) {
 // every synchronous CPU call asks).
 Algo choose_cpu(const ChoiceContext& ctx, const ChoiceCall& call) {
   const Algo forced = forced_algo(ctx, call);
-  // Collectives use the FIFO schedules unless pull is forced: measured here,
-  // their cache-resident slots beat the kernel's cross-process copy
+  // Collectives pick among the FIFO schedules (pull is a candidate of large
+  // ones for the tuner only, see candidates()): measured here, their
+  // cache-resident slots mostly beat the kernel's cross-process copy
   // (docs/performance.md). Forced pull where some rank cannot read its
   // peers' memory runs the op's default family instead (every rank knows).
   if (forced == Algo::kPull) return ctx.pull_ok ? Algo::kPull : default_algo(call.kind);

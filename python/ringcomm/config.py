@@ -76,7 +76,8 @@ SETTINGS = (
             "too); or per op, `all_reduce:recursive_doubling,broadcast:tree`; the names and the ops that have "
             "each: [algorithms.md](algorithms.md#algorithm-names); also `init(algo=)`"),
     Setting("RINGCOMM_PULL", lambda c: "1" if c.pull else "0",
-            "`0` turns single-copy pulls off (`0` or `1`)"),
+            "`0` turns single-copy pulls off: large send/recv and the tuner's pull candidates of "
+            "collectives from 16 MiB (`0` or `1`)"),
     Setting("RINGCOMM_PULL_MIN_BYTES", lambda c: _size(c.pull_min_bytes),
             "send/recv of at least this size pull (0 to 2**63 - 1)"),
     Setting("RINGCOMM_P2P_UNEXPECTED_MB", lambda c: str(c.p2p_unexpected_bytes >> 20),
