@@ -640,3 +640,18 @@ def test_explain_and_calibrate(tmp_path):
                  "--calibrate-runs", "1", "--calibrate-no-fit"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fit" not in cost_model.load(str(model))
+
+
+def test_steady_state_script_runs_settings_in_turn(tmp_path):
+    """benchmarks/steady_state.py: each setting gets its launches, in turn, with a median and the tuner's pick."""
+    if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
+        pytest.skip("needs taskset and two cores")
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "steady_state.py")
+    proc = subprocess.run([sys.executable, script, "--launches", "1", "--iters", "4", "--mb", "1", "--op",
+                           "all_gather", "--setting", "nopull=RINGCOMM_PULL=0", "--setting", "default="],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("launch 1")]
+    assert [line.split()[2] for line in lines] == ["nopull:", "default:"], proc.stdout
+    assert all(float(line.split()[3]) > 0 and "runs" in line for line in lines), proc.stdout
+    assert "#     nopull: median over launches" in proc.stdout
