@@ -220,9 +220,10 @@ def _tuned_group(comm):
 def test_every_op_explores_right_and_alike(world_size):
     res = harness.run_ranks(_tuned_group, world_size, comm_timeout=60.0, hard_timeout=300, grace=30)
     harness.assert_no_failures([r["fails"] for r in res])
-    # The agreed figures make the ranks' tuning identical, times and all.
+    # The agreed figures make the ranks' tuning identical, times and all (repr: NaN
+    # is kept_s of a signature still exploring when the calls end, and NaN != NaN).
     for r in res[1:]:
-        assert r["tuning"] == res[0]["tuning"]
+        assert repr(r["tuning"]) == repr(res[0]["tuning"])
 
 
 def _world_one(comm):
@@ -314,8 +315,8 @@ def _large_calls_try_pulls(comm):
 def test_large_calls_explore_the_pulls(world_size):
     res = harness.run_ranks(_large_calls_try_pulls, world_size, comm_timeout=60.0, hard_timeout=300, grace=30)
     harness.assert_no_failures([r["fails"] for r in res])
-    for r in res[1:]:
-        assert r["tuning"] == res[0]["tuning"]
+    for r in res[1:]:  # alike on every rank (repr: a signature still exploring has kept_s NaN)
+        assert repr(r["tuning"]) == repr(res[0]["tuning"])
 
 
 def test_large_calls_without_pulls_do_not_list_them():
