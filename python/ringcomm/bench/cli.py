@@ -574,13 +574,15 @@ def _invocation() -> List[str]:
 
 
 class _Explained:
-    """A communicator's own model as fit.measure_families reads one (predict)."""
+    """A communicator's own model as fit.measure_families reads one (predict):
+    the candidates it predicts (explain's unmodelled ones, the pulls of large
+    calls, have no formula to correct)."""
 
     def __init__(self, comm):
         self.comm = comm
 
     def predict(self, op, nbytes):
-        return self.comm.explain(op, nbytes)
+        return [(name, t) for name, t in self.comm.explain(op, nbytes) if t == t]
 
 
 def _allocate(layout, dtype, device: str) -> Buffers:
