@@ -21,7 +21,7 @@ sys.path.insert(0, HERE)
 import ringcomm.torch_backend  # noqa: E402,F401  (registers the backend)
 from ringcomm.bench.report import _cpu_model  # noqa: E402
 from ringcomm.torch_backend import process_group as pg_mod  # noqa: E402
-from ringcomm.torch_backend.work import RingcommWork  # noqa: E402
+from ringcomm.torch_backend.work import CompletedWork, RingcommWork  # noqa: E402
 from torch_overhead import _register_noop_backend  # noqa: E402
 
 
@@ -66,7 +66,8 @@ def main():
         ("  reduceOp == SUM", lambda: r == pg_mod._TORCH_SUM),
         ("  opts.asyncOp", lambda: opts.asyncOp),
         ("  the native all_reduce", lambda: native.all_reduce(t, 0, False)),
-        ("  RingcommWork((), [t])", lambda: RingcommWork((), [t])),
+        ("  CompletedWork([t]) (the blocking call's Work)", lambda: CompletedWork([t])),
+        ("  RingcommWork((), [t]) (the general Work)", lambda: RingcommWork((), [t])),
         ("  a bare Python Work (the floor's)", BareWork),
     ]
     print(f"# {_cpu_model()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; "

@@ -379,6 +379,23 @@ def _futures_groups_errors(c, rank, ws):
     w = dist.all_reduce(torch.ones(3), async_op=True)
     w.wait()
     c.check("a waited Work's future is already done", w.get_future().done() and w.is_completed())
+    # A future asked for before wait(): done when wait() returns (the one-native-Work fast path).
+    y = torch.full((7,), float(rank))
+    w = dist.all_reduce(y, async_op=True)
+    f = w.get_future()
+    c.check("async all_reduce wait()", w.wait() is True and w.is_completed() and w.is_success(), "")
+    c.check("a future asked for before wait() is done when wait() returns",
+            f.done() and torch.equal(f.value()[0], torch.full((7,), ws * (ws - 1) / 2)), str(f.done()))
+    # The blocking fast path's Work, as the group returns it to torch.
+    backend = rc._get_backend(torch.device("cpu"))
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    z = torch.ones(4)
+    bw = backend.allreduce([z], opts)
+    bf = bw.get_future()
+    c.check("a blocking all_reduce's Work", bw.is_completed() and bw.is_success() and bw.exception() is None
+            and bw.wait() is True and bw.result()[0] is z and bf.done() and bf.value()[0] is z
+            and torch.equal(z, torch.full((4,), float(ws))), str(z))
 
     # Futures of p2p works that complete out of issue order.
     if ws >= 2 and rank < 2:
@@ -393,6 +410,21 @@ def _futures_groups_errors(c, rank, ws):
         futs = [w_recv.get_future(), w_send.get_future()]
         torch.futures.wait_all(futs)
         c.check("isend/irecv futures", torch.equal(a, torch.full((5,), float(peer))), str(a))
+        # Futures asked for before wait(), then wait(): done when it returns;
+        # a recv from any source names its sender; tags apart.
+        a2, b2 = torch.zeros(3), torch.full((3,), float(10 + rank))
+        ws_, wr_ = dist.isend(b2, dst=peer, tag=5), dist.irecv(a2, src=None, tag=5)
+        fs, fr = ws_.get_future(), wr_.get_future()
+        ok = ws_.wait() and wr_.wait()
+        c.check("isend/irecv: futures done when wait() returns", ok and fs.done() and fr.done()
+                and fr.value()[0] is a2 and torch.equal(a2, torch.full((3,), float(10 + peer))), str(a2))
+        c.check("irecv from any source: source_rank()", wr_._source_rank() == peer, str(wr_._source_rank()))
+        # A tag beyond int64 is refused with a clear error (the Communicator's check), not converted.
+        try:
+            backend.send([b2], peer, 2**70)
+            c.check("a tag beyond int64 is refused", False, "no error")
+        except (ValueError, OverflowError, TypeError) as e:
+            c.check("a tag beyond int64 is refused", "tag" in str(e), str(e))
 
     # Sub-groups (new_group) against gloo sub-groups of the same ranks.
     layouts = [[0, 1]] + ([[1, 2], [2, 0], [0, 1, 2]] if ws == 3 else [[1, 0]])

@@ -32,6 +32,14 @@ def _tag(tag):
     return validate.index(tag, "tag", _TAG_MIN, _TAG_MAX)
 
 
+def plain_p2p_args(peer, tag):
+    """Whether a send/recv's peer (None: any source) and tag reach the native
+    call unchanged through send() and recv()'s checks (plain ints in range),
+    so that a caller that checked this may call the native send/recv itself."""
+    return ((peer is None or (type(peer) is int and validate.RANK_MIN <= peer <= validate.RANK_MAX))
+            and type(tag) is int and _TAG_MIN <= tag <= _TAG_MAX)
+
+
 def _gpu_default_tag(tag, what):
     if tag != 0:
         raise ValueError(f"{what}: tags are not supported for GPU buffers (NCCL matches in issue order); "

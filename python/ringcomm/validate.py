@@ -121,13 +121,17 @@ def index(value, name, lo=None, hi=None):
     return v
 
 
+# A rank argument's range: a C int.
+RANK_MIN, RANK_MAX = -(2**31), 2**31 - 1
+
+
 def rank_arg(value, name):
     """A rank argument (root, src, dst, peer) as the native calls take it, a C
     int: TypeError for 1.5, "0" or True. Its range is the native call check's
     (csrc/comm/call_check.h), the one place that rule lives."""
-    if type(value) is int and -2**31 <= value <= 2**31 - 1:
+    if type(value) is int and RANK_MIN <= value <= RANK_MAX:
         return value  # the common case, with one look (send/recv pay this per call)
-    return index(value, name, -2**31, 2**31 - 1)
+    return index(value, name, RANK_MIN, RANK_MAX)
 
 
 def indices(values, name, lo=None, hi=None):

@@ -19,12 +19,12 @@ from torch._C._profiler import _RecordFunctionFast
 from ringcomm import build_info as _build_info
 from ringcomm import _C, bootstrap, validate
 
-from ringcomm.communicator import Communicator
+from ringcomm.communicator import Communicator, plain_p2p_args
 from ringcomm.config import make_config
 from ringcomm.errors import TimeoutError  # noqa: A004
 from ringcomm.reduce_op import ReduceOp
 from ringcomm.torch_backend.tensors import Staging, as_movable, as_reducible, flat, reduce_op
-from ringcomm.torch_backend.work import Completer, RingcommWork, StreamEvent
+from ringcomm.torch_backend.work import Completer, CompletedWork, NativeWork, RingcommWork, StreamEvent
 
 BACKEND_NAME = "ringcomm"
 
@@ -60,6 +60,7 @@ _FAST_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.fl
 _STRIDED = torch.strided
 _TORCH_SUM = dist.ReduceOp.SUM
 _SUM_VALUE = int(ReduceOp.SUM)
+_ANY_SOURCE = _C.ANY_SOURCE
 
 
 def _is_async(opts):
@@ -253,8 +254,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
             self._seq += 1
             if not opts.asyncOp:
                 native.all_reduce(t, rop, False)
-                return RingcommWork((), tensors)
-            return RingcommWork([native.all_reduce(t, rop, True)], tensors, None, self._completer)
+                return CompletedWork(tensors)
+            return NativeWork(native.all_reduce(t, rop, True), tensors, self._completer)
         op = _op_of(opts)
         tensors = _as_list(tensors)
         staging, calls = Staging(), []
@@ -510,9 +511,11 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     # plus wait(), so these always issue asynchronously.
     def send(self, tensors, dstRank, tag=0):
         t = self._fast_tensor(tensors)
-        if t is not None:
+        native = self._comm._native
+        if t is not None and native is not None and plain_p2p_args(dstRank, tag):
+            # Straight to the native call (the Communicator's checks are these).
             self._seq += 1
-            return RingcommWork([self._comm.send(t, dstRank, async_op=True, tag=tag)], tensors, None, self._completer)
+            return NativeWork(native.send(t, dstRank, tag, True), tensors, self._completer)
         staging, calls = Staging(), []
         tensors = _as_list(tensors)
         for t in tensors:
@@ -542,11 +545,12 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     def _recv(self, tensors, src, tag):
         t = self._fast_tensor(tensors)
-        if t is not None:
+        native = self._comm._native
+        if t is not None and native is not None and plain_p2p_args(src, tag):
             self._seq += 1
-            w = self._comm.recv(t, src, async_op=True, tag=tag)
-            work = RingcommWork([w], tensors, None, self._completer)
-            work._set_source(src if src is not None else w.source_rank)
+            w = native.recv(t, _ANY_SOURCE if src is None else src, tag, True)
+            work = NativeWork(w, tensors, self._completer)
+            work._source = src if src is not None else w.source_rank
             return work
         staging, calls = Staging(), []
         tensors = _as_list(tensors)

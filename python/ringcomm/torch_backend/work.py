@@ -236,6 +236,50 @@ class RingcommWork(dist._Work):
     _source_rank = source_rank
 
 
+_WORK_INIT = dist._Work.__init__
+
+
+class CompletedWork(RingcommWork):
+    """The Work of a call that completed before it was made (a blocking call
+    of the fast paths): nothing to wait for, no error, only its result."""
+
+    _settled = True
+
+    def __init__(self, result):  # noqa: D107 - every step here is paid per call
+        _WORK_INIT(self)
+        self._result = result
+
+
+class NativeWork(RingcommWork):
+    """The Work of a call issued as one native ringcomm Work with nothing to
+    copy back: the fast paths of all_reduce, send and recv (one dense CPU
+    tensor). It is a RingcommWork in every respect; only the steps paid per
+    call are fewer (torch's blocking send and recv are this Work's wait())."""
+
+    def __init__(self, work, result, completer):  # noqa: D107
+        _WORK_INIT(self)
+        self._works = (work,)
+        self._result = result
+        self._completer = completer
+        self._lock = threading.Lock()
+
+    def wait(self, timeout=None):
+        if timeout is None and not self._settled:
+            try:
+                self._works[0].wait()
+            except RingcommError:
+                return RingcommWork.wait(self)  # settles with the error and raises it
+            if self._future is None and self._record_ended is None:
+                # Succeeded, nothing to copy back, no future to complete:
+                # settled without the lock. A get_future() racing with this
+                # (another thread) saw the Work unsettled and handed it to the
+                # Completer, which completes the future.
+                self._settled = True
+                return True
+            self._settle(ok=True)  # completes the future before wait() returns
+        return RingcommWork.wait(self, timeout)
+
+
 class StreamEvent:
     """A CUDA event recorded on the current stream after a call's work there:
     the ringcomm Work interface (wait / is_completed / exception) over it, for
