@@ -10,6 +10,8 @@ speed for a whole launch, so the launches are the samples.
 
     python benchmarks/steady_state.py --launches 6 --op all_reduce --mb 128 \\
         --setting nopull=RINGCOMM_PULL=0 --setting default= > benchmarks/results/X.txt
+
+(--kb N for sizes under a MiB.)
 """
 import argparse
 import os
@@ -38,6 +40,8 @@ for _ in range(iters):
         comm.broadcast(x, src=0)
     elif op == "reduce_scatter":
         comm.reduce_scatter(part, x)
+    elif op == "reduce":
+        comm.reduce(x, dst=0)
     times.append(time.perf_counter() - t)
 runs = [e["runs"] for e in comm.tuning() if e["op"] == op]
 if comm.rank == 0:
@@ -78,15 +82,19 @@ def parse_setting(text):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--op", default="all_reduce", choices=("all_reduce", "all_gather", "broadcast", "reduce_scatter"))
+    p.add_argument("--op", default="all_reduce", choices=("all_reduce", "all_gather", "broadcast", "reduce_scatter",
+                                                            "reduce"))
     p.add_argument("--mb", type=int, default=128)
+    p.add_argument("--kb", type=int, help="the size in KiB instead of --mb")
     p.add_argument("--iters", type=int, default=60)
     p.add_argument("--launches", type=int, default=4)
     p.add_argument("--setting", action="append", type=parse_setting, required=True,
                    help="NAME=VAR=VALUE (or NAME= for none); the settings take turns launch by launch")
     a = p.parse_args(argv)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    print(f"# {cpu}, {os.cpu_count()} CPUs; {a.op} {a.mb} MiB, 2 ranks pinned to cores 0 and 1, {a.iters} calls "
+    nbytes = a.kb << 10 if a.kb else a.mb << 20
+    size = f"{a.kb} KiB" if a.kb else f"{a.mb} MiB"
+    print(f"# {cpu}, {os.cpu_count()} CPUs; {a.op} {size}, 2 ranks pinned to cores 0 and 1, {a.iters} calls "
           f"per launch, {a.launches} launches per setting, settings in turn")
     print(f"# command: python benchmarks/steady_state.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"# per launch: median ms of the last {a.iters // 2} calls, and what the tuner runs at the end")
@@ -95,13 +103,15 @@ def main(argv=None):
     for i in range(a.launches):
         for name, env in a.setting:
             port += 1
-            res = launch(a.op, a.mb << 20, a.iters, env, port)
+            res = launch(a.op, nbytes, a.iters, env, port)
             med = statistics.median(res["times"][a.iters // 2:]) * 1e3
             got[name].append(med)
-            print(f"launch {i + 1} {name:>10}: {med:8.2f} ms  runs {res['runs']}", flush=True)
+            print(f"launch {i + 1} {name:>10}: {med:8.{2 if nbytes >= 1 << 20 else 4}f} ms  runs {res['runs']}",
+                  flush=True)
     for name, meds in got.items():
-        print(f"# {name:>10}: median over launches {statistics.median(meds):8.2f} ms; launches "
-              + " ".join(f"{m:.1f}" for m in sorted(meds)))
+        digits = 2 if nbytes >= 1 << 20 else 4
+        print(f"# {name:>10}: median over launches {statistics.median(meds):8.{digits}f} ms; launches "
+              + " ".join(f"{m:.{digits - 1}f}" for m in sorted(meds)))
     return 0
 
 

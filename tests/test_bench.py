@@ -657,3 +657,30 @@ def test_steady_state_script_runs_settings_in_turn(tmp_path):
     assert [line.split()[2] for line in lines] == ["nopull:", "default:"], proc.stdout
     assert all(float(line.split()[3]) > 0 and "runs" in line for line in lines), proc.stdout
     assert "#     nopull: median over launches" in proc.stdout
+    # A size in KiB, slot stores as the settings.
+    proc = subprocess.run([sys.executable, script, "--launches", "1", "--iters", "4", "--kb", "64", "--op",
+                           "all_gather", "--setting", "cached=RINGCOMM_SLOT_STORES=cached", "--setting",
+                           "streamed=RINGCOMM_SLOT_STORES=streamed"],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all_gather 64 KiB" in proc.stdout, proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("launch 1")]
+    assert [line.split()[2] for line in lines] == ["cached:", "streamed:"], proc.stdout
+    assert all(0 < float(line.split()[3]) < 1000 for line in lines), proc.stdout
+
+
+def test_launch_modes_script_runs_builds_in_turn(tmp_path):
+    """benchmarks/launch_modes.py: each build (here two settings of one) gets its launch, in turn,
+    with one figure per size and phase, and a wrong result would fail the run."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "launch_modes.py")
+    python = os.path.join(os.path.dirname(__file__), "..", "python")
+    proc = subprocess.run([sys.executable, script, "--launches", "1", "--phases", "1",
+                           "--build", f"cached={python}:RINGCOMM_SLOT_STORES=cached",
+                           "--build", f"streamed={python}:RINGCOMM_SLOT_STORES=streamed"],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("launch 1")]
+    assert [line.split()[2] for line in lines] == ["cached:", "streamed:"], proc.stdout
+    for line in lines:
+        figures = [float(v) for v in line.split(":", 1)[1].split("/")]
+        assert len(figures) == 3 and all(v > 0 for v in figures), line

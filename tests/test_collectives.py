@@ -34,6 +34,15 @@ def test_tiny_chunks_force_multi_chunk_paths():
                 big_dtypes=("float32", "int8", "bfloat16"), tag="slots256 ")
 
 
+def test_streamed_slot_stores():
+    """Every slot written with non-temporal stores (RINGCOMM_SLOT_STORES=streamed;
+    `auto` writes a probe slot in 16 that way and switches to it on some
+    machines), flat and pipelined paths, pulls off so large messages use the FIFOs."""
+    _run_matrix(3, env={"RINGCOMM_SLOT_STORES": "streamed", "RINGCOMM_PULL": 0},
+                counts=(0, 1, 7, 1000, 100003, checks.BIG),
+                big_dtypes=("float32", "int8", "bfloat16"), tag="streamed ")
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_pull_schedules_for_every_size(world_size):
     """Single-copy pull schedules (cross-memory attach) for every primitive and size."""

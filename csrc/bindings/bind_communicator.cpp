@@ -29,6 +29,7 @@ void bind_communicator(py::module_& m) {
       .def_readwrite("check_agreement", &Config::check_agreement)
       .def_readwrite("cost_model", &Config::cost_model)
       .def_readwrite("ring_order", &Config::ring_order)
+      .def_readwrite("slot_stores", &Config::slot_stores)
       .def_readwrite("plan_cache_entries", &Config::plan_cache_entries)
       .def_readwrite("autotune", &Config::autotune)
       .def_property(

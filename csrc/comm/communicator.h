@@ -76,6 +76,9 @@ struct Config {
   size_t plan_cache_entries = PlanCache::kDefaultEntries;
   // `auto` checked against the calls' own times (comm/autotune.h).
   bool autotune = true;
+  // How shared-memory slots are written: auto | cached | streamed
+  // (transport/shm/slot_stores.h).
+  std::string slot_stores = "auto";
   WaitPolicy wait;
 };
 

@@ -213,36 +213,29 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     const size_t elems = reducer ? n / reducer->elem_size : 0;
     switch (s.kind) {
       case StepKind::kSend:
-        if (n && !by_ref) std::memcpy(slot_ptr, src + p.done, n);
+        if (!by_ref) out->fill_slot(slot_ptr, src + p.done, n);
         break;
       case StepKind::kRecv:
-        if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
-          copy_streaming(dst + p.done, payload, n);
-        } else if (n) {
-          std::memcpy(dst + p.done, payload, n);
-        }
+        in->copy_out(dst + p.done, payload, n, streaming_ || s.nbytes >= kStreamingCopyMinBytes);
         break;
       case StepKind::kRecvReduce:
-        reducer->fn(dst + p.done, src + p.done, payload, elems);
+        in->read_payload(n, [&] { reducer->fn(dst + p.done, src + p.done, payload, elems); });
         if (s.divide) reducer->divide(dst + p.done, elems, world_);
         break;
       case StepKind::kRecvReduceSend:
-        reducer->fn(slot_ptr, src + p.done, payload, elems);
+        in->read_payload(n, [&] { reducer->fn(slot_ptr, src + p.done, payload, elems); });
         break;
       case StepKind::kRecvReduceCopySend:
-        reducer->fn(dst + p.done, src + p.done, payload, elems);
+        in->read_payload(n, [&] { reducer->fn(dst + p.done, src + p.done, payload, elems); });
         if (s.divide) reducer->divide(dst + p.done, elems, world_);
-        if (n && !by_ref) std::memcpy(slot_ptr, dst + p.done, n);
+        if (!by_ref) out->fill_slot(slot_ptr, dst + p.done, n);
         break;
       case StepKind::kRecvCopySend:
-        // Both copies read the payload (in cache), not dst (it may have been
-        // written around the cache).
-        if (n && !by_ref) std::memcpy(slot_ptr, payload, n);
-        if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {
-          copy_streaming(dst + p.done, payload, n);
-        } else if (n) {
-          std::memcpy(dst + p.done, payload, n);
-        }
+        // Both copies read the payload (the second from the cache), not dst
+        // (it may have been written around the cache); the first is the
+        // slot's copy out (timed, see Link::copy_out).
+        in->copy_out(dst + p.done, payload, n, streaming_ || s.nbytes >= kStreamingCopyMinBytes);
+        if (!by_ref) out->fill_slot(slot_ptr, payload, n);
         break;
       default:
         break;
@@ -390,7 +383,7 @@ bool Executor::flat_transfer(const Step& s, Link* link, bool held, size_t i) {
     const char* src = bufs_->at(s.src);
     char* slot = link->send_slot(page_offset(src));
     if (!slot) return false;
-    if (s.nbytes) std::memcpy(slot, src, s.nbytes);
+    link->fill_slot(slot, src, s.nbytes);
     MsgHeader oh;
     oh.tag = *tag_;
     oh.nbytes = static_cast<uint32_t>(s.nbytes);
@@ -411,12 +404,7 @@ bool Executor::flat_transfer(const Step& s, Link* link, bool held, size_t i) {
         held_[i] = payload;  // read by the local steps, released after them
         break;
       }
-      char* dst = bufs_->at(s.dst);
-      if (streaming_ || s.nbytes >= kStreamingCopyMinBytes) {  // as advance() copies
-        copy_streaming(dst, payload, s.nbytes);
-      } else if (s.nbytes) {
-        std::memcpy(dst, payload, s.nbytes);
-      }
+      link->copy_out(bufs_->at(s.dst), payload, s.nbytes, streaming_ || s.nbytes >= kStreamingCopyMinBytes);
       link->recv_release();
       break;
     }

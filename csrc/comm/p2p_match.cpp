@@ -416,11 +416,7 @@ bool P2pMatcher::pull_receive(int p, Peer& peer, bool hold_all) {
                   " where message " + num(peer.in_seq) + " has " + num(peer.in_total - peer.in_done) + " bytes left");
     }
     char* dst = peer.in_op ? peer.in_op->buf + peer.in_done : peer.in_held->data.data() + peer.in_done;
-    if (peer.in_total >= kStreamingCopyMinBytes && peer.in_op) {
-      copy_streaming(dst, payload, n);
-    } else if (n) {
-      std::memcpy(dst, payload, n);
-    }
+    link->copy_out(dst, payload, n, peer.in_total >= kStreamingCopyMinBytes && peer.in_op);
     link->recv_release();
     peer.in_done += n;
     ++peer.in_segment;

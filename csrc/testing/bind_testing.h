@@ -16,5 +16,7 @@ void bind_plan_check(pybind11::module_& m);
 void bind_plan_cache(pybind11::module_& m);
 // The autotuner's state machine with made-up times (bind_autotune.cpp).
 void bind_autotune(pybind11::module_& m);
+// The shared-memory slot store rule with made-up costs (bind_slot_stores.cpp).
+void bind_slot_stores(pybind11::module_& m);
 
 }  // namespace ringcomm

@@ -1,6 +1,6 @@
 // ringcomm._C_testing: the test hooks (the device simulation, the cuda_ipc
-// protocol over host memory, the plan checker, the plan cache checker and the
-// tuner's state machine),
+// protocol over host memory, the plan checker, the plan cache checker, the
+// tuner's state machine and the slot store rule),
 // kept out of the production module ringcomm._C. Built and installed beside
 // it; only tests/ imports it (the package never does).
 #include <pybind11/pybind11.h>
@@ -17,4 +17,5 @@ PYBIND11_MODULE(_C_testing, m) {
   ringcomm::bind_plan_check(m);
   ringcomm::bind_plan_cache(m);
   ringcomm::bind_autotune(m);
+  ringcomm::bind_slot_stores(m);
 }

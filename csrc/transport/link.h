@@ -11,11 +11,13 @@
 // one copy moves the data; a socket transport stages slots locally.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
+#include "ringcomm/copy.h"
 #include "ringcomm/msg_tag.h"
 
 namespace ringcomm {
@@ -48,6 +50,43 @@ class Link {
   // Returns the segment from the last recv_peek to the sender.
   virtual void recv_release() = 0;
 
+  // How a slot's payload is written and read, for links whose peer reads
+  // the slot straight from the writer's stores (shared memory). On some
+  // placements of a VM's cores, moving lines between the two cores' caches
+  // (the writer's stores to lines the reader last held, the reader's loads of
+  // lines the writer's cache still holds modified) runs 3-5x slower than
+  // through memory; writing the slot with non-temporal stores (around the
+  // caches) avoids it, at the cost of the cache's speed where the cores
+  // share one. Both ends time their copies and the writer picks the faster
+  // way (ShmLink says how). Other links: plain copies, untimed.
+  //
+  // fill_slot writes n bytes at src into the slot the last send_slot returned;
+  // copy_out copies n bytes of the peeked segment's payload to dst
+  // (`streaming`: the destination written around the caches).
+  void fill_slot(char* slot, const char* src, size_t n);
+  void copy_out(char* dst, const char* payload, size_t n, bool streaming);
+  // Runs `read`, which reads the n bytes of the peeked segment's payload
+  // otherwise (a reduction), timed as copy_out times its copies.
+  template <class Read>
+  void read_payload(size_t n, Read&& read) {
+    if (!time_copy_out(n)) {
+      read();
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    read();
+    copied_out(n, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  // Whether n bytes of the slot from the last send_slot are to be written
+  // with non-temporal stores (asked once per slot, by fill_slot).
+  virtual bool stream_slot(size_t /*n*/) { return false; }
+  // Whether fill_slot / copy_out (read_payload) should time their copy of n
+  // bytes (of the slot being filled / the peeked segment), and what they measured.
+  virtual bool time_fill(size_t /*n*/) { return false; }
+  virtual void filled(size_t /*n*/, double /*seconds*/) {}
+  virtual bool time_copy_out(size_t /*n*/) { return false; }
+  virtual void copied_out(size_t /*n*/, double /*seconds*/) {}
+
   // Zero-copy sends (transports that stage slots locally, TCP): a segment of
   // at least ref_min_bytes() may leave straight from the caller's memory.
   // Instead of send_commit, send_ref publishes the slot the last send_slot
@@ -65,7 +104,7 @@ class Link {
   // ticket), else copied into the slot (0).
   uint64_t send_from(char* slot, const char* src, const MsgHeader& header, size_t ref_min) {
     if (header.nbytes >= ref_min) return send_ref(src, header);
-    if (header.nbytes) std::memcpy(slot, src, header.nbytes);
+    fill_slot(slot, src, header.nbytes);
     send_commit(header);
     return 0;
   }

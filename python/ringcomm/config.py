@@ -16,6 +16,7 @@ DEFAULT_TIMEOUT_S = 300.0
 ALGOS = ("auto", "ring", "oneshot", "pull", "recursive_doubling", "rabenseifner", "tree", "bruck",
          "hierarchical", "direct")
 RING_ORDERS = ("host", "rank")
+SLOT_STORES = ("auto", "cached", "streamed")
 TRANSPORTS = ("auto", "shm", "tcp", "cuda_ipc")
 
 # Ranges of the size settings. The one-shot all_reduce keeps a scratch buffer
@@ -101,6 +102,11 @@ SETTINGS = (
     Setting("RINGCOMM_SLOT_BYTES", lambda c: _size(c.slot_bytes),
             "bytes per pipelined segment (a multiple of 64, 64 to 1 GiB)"),
     Setting("RINGCOMM_SLOTS", lambda c: str(c.nslots), "segments in flight per peer (3 to 4096)"),
+    Setting("RINGCOMM_SLOT_STORES", lambda c: c.slot_stores,
+            "how a rank writes the shared-memory slots it sends in: `auto` (each link measures both ways, "
+            "its fills and its peer's copies out, and writes the cheaper: on some placements of a VM's cores, "
+            "lines move 3-5x slower between the cores' caches than through memory), `cached`, or `streamed` "
+            "(non-temporal stores, around the caches); [performance.md](performance.md)"),
     Setting("RINGCOMM_SPIN_US", lambda c: f"{c.spin_us:g}",
             "microseconds a waiting rank spins before it yields (0 to 6e7)"),
     Setting("RINGCOMM_YIELD_US", lambda c: f"{c.yield_us:g}",
@@ -298,6 +304,7 @@ def make_config(timeout=None, algo=None, transport=None):
         raise ValueError(f"environment variable RINGCOMM_SLOT_BYTES must be a multiple of 64 between 64 and "
                          f"1 GiB, got {cfg.slot_bytes}")
     cfg.nslots = _env_int("RINGCOMM_SLOTS", cfg.nslots, MIN_SLOTS, MAX_SLOTS)
+    cfg.slot_stores = _env_choice("RINGCOMM_SLOT_STORES", "auto", SLOT_STORES)
     cfg.spin_us = _env_float("RINGCOMM_SPIN_US", cfg.spin_us, 0.0, MAX_WAIT_US)
     cfg.yield_us = _env_float("RINGCOMM_YIELD_US", cfg.yield_us, 0.0, MAX_WAIT_US)
     cfg.check_agreement = _env_int("RINGCOMM_CHECK_AGREEMENT", 1, 0, 1) == 1

@@ -9,7 +9,8 @@
 //                                       flags and reason, liveness facts, the
 //                                       owner's last call (see CallRecord)
 //   FifoControl[members - 1]            head/tail counters of the FIFO from each peer
-//   slots[members - 1][nslots]          each: one page for the MsgHeader, then the
+//   slots[members - 1][nslots]          each: one page for the MsgHeader (and how the
+//                                       payload was written), then the
 //                                       data area (slot_bytes + one page of slack so
 //                                       the payload can start at any page offset)
 // Peer p writes into its slots and bumps its fifo's tail; this rank reads and
@@ -31,7 +32,7 @@
 
 namespace ringcomm {
 
-constexpr uint64_t kSegmentMagic = 0x72696e67636f6d32ULL;  // "ringcom2"
+constexpr uint64_t kSegmentMagic = 0x72696e67636f6d33ULL;  // "ringcom3"
 constexpr size_t kPage = 4096;
 
 // What the owner of a segment is doing, for the timeout messages of its peers
@@ -76,6 +77,12 @@ struct alignas(64) FifoControl {
   // directly (pull sends are acknowledged here, not in the FIFO, whose order
   // p2p cannot fix).
   alignas(64) std::atomic<uint64_t> pulled;
+  // The receiver's (this inbox owner's) moving average of the time its
+  // copies out of this FIFO's slots take, in seconds per byte as the bits of
+  // a double, for slots written with cached [0] and non-temporal [1] stores;
+  // the sender reads them to choose how to write (ShmLink::stream_slot).
+  alignas(64) std::atomic<uint64_t> read_cost[2];
+  std::atomic<uint64_t> read_samples;  // bumped after each update of read_cost
 };
 
 // Facts about the calling process that peers use to tell whether it lives.

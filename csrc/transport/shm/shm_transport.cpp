@@ -51,7 +51,7 @@ void ring(SegmentControl* ctl) {
 class ShmLink : public Link {
  public:
   ShmLink(ShmTransport* owner, int rank, int peer, const Segment* inbox, const Segment* peer_inbox,
-          size_t slot_bytes, int nslots)
+          size_t slot_bytes, int nslots, SlotStoreMode stores)
       : owner_(owner),
         rank_(rank),
         peer_(peer),
@@ -60,7 +60,9 @@ class ShmLink : public Link {
         out_(peer_inbox->fifo(rank)),
         in_(inbox->fifo(peer)),
         slot_bytes_(slot_bytes),
-        nslots_(static_cast<uint64_t>(nslots)) {}
+        nslots_(static_cast<uint64_t>(nslots)),
+        stores_(stores),
+        streaming_(stores == SlotStoreMode::kStreamed) {}
 
   size_t slot_bytes() const override { return slot_bytes_; }
 
@@ -73,6 +75,7 @@ class ShmLink : public Link {
     }
     send_pending_ = peer_inbox_->slot(rank_, tail);
     send_offset_ = page_offset % kPage;
+    send_written_ = kUntimed;  // (fill_slot says how, if the payload is a plain copy)
     return send_pending_ + kPage + send_offset_;
   }
 
@@ -80,6 +83,7 @@ class ShmLink : public Link {
     MsgHeader h = header;
     h.payload_offset = send_offset_;
     std::memcpy(send_pending_, &h, sizeof h);
+    send_pending_[sizeof h] = static_cast<char>(send_written_);
     out_->tail.store(out_->tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     ring(peer_inbox_->control());
   }
@@ -98,8 +102,67 @@ class ShmLink : public Link {
     // the caller acts on is what was checked, whatever the peer writes later.
     std::memcpy(&peeked_, slot, sizeof peeked_);
     check_segment_header(peeked_, slot_bytes_, peer_);
+    const uint8_t written = static_cast<uint8_t>(slot[sizeof peeked_]);
+    peeked_written_ = written <= kStreamed ? written : kUntimed;  // (a byte of shared memory: checked)
     *payload = slot + kPage + peeked_.payload_offset;
     return &peeked_;
+  }
+
+  // Slot stores (Link::fill_slot). The writer writes its slots of at least
+  // kStreamMin bytes the way it holds faster (cached stores at first) and
+  // every kProbeEvery-th such slot the other way; the slot's header page says
+  // which way. Each end times its
+  // copies of at least kTimedMin bytes (every copy of a probe, one in four of
+  // the others) and keeps a moving average of seconds per byte for each way:
+  // the writer its fills, the reader its copies out, which it publishes in
+  // the FIFO's control (read_cost). The writer switches when the other way's
+  // fill plus read costs under 0.7x the current way's (SlotStoreRule). So a
+  // placement of the cores where lines move slowly between their caches
+  // turns to non-temporal stores within a few dozen slots, and back when it
+  // passes. RINGCOMM_SLOT_STORES=cached / streamed fixes the way (untimed).
+  bool stream_slot(size_t n) override {
+    if (stores_ != SlotStoreMode::kAuto) return streaming_;  // forced: untimed
+    if (n < kStreamMin) return false;  // small: cached, not a sample (kUntimed)
+    fill_probe_ = ++slots_written_ % kProbeEvery == 0;
+    const bool streamed = streaming_ != fill_probe_;
+    send_written_ = streamed ? kStreamed : kCached;
+    return streamed;
+  }
+
+  bool time_fill(size_t n) override {
+    return n >= kTimedMin && send_written_ != kUntimed && (fill_probe_ || (++fills_seen_ & 3) == 0);
+  }
+
+  void filled(size_t n, double seconds) override {
+    const int way = send_written_ - 1;
+    SlotStoreRule::average(&write_cost_[way], seconds / static_cast<double>(n));
+    if (write_samples_[way] < SlotStoreRule::kMinSamples) ++write_samples_[way];
+    // Decided again only on news from the reader (its costs count from
+    // kMinSamples copies of each way; until then it publishes none).
+    const uint64_t heard = out_->read_samples.load(std::memory_order_acquire);
+    if (heard == read_samples_heard_) return;
+    read_samples_heard_ = heard;
+    const double read_cost[2] = {SlotStoreRule::cost_from_bits(out_->read_cost[0].load(std::memory_order_relaxed)),
+                                 SlotStoreRule::cost_from_bits(out_->read_cost[1].load(std::memory_order_relaxed))};
+    double write_cost[2];
+    for (int i = 0; i < 2; ++i) write_cost[i] = write_samples_[i] >= SlotStoreRule::kMinSamples ? write_cost_[i] : 0;
+    streaming_ = SlotStoreRule::choose(streaming_, write_cost, read_cost);
+  }
+
+  bool time_copy_out(size_t n) override {
+    if (n < kTimedMin || peeked_written_ == kUntimed) return false;
+    // The writer's probes are the slots written the way fewer slots are.
+    majority_ = std::max(-16, std::min(16, majority_ + (peeked_written_ == kStreamed ? 1 : -1)));
+    const bool probe = (peeked_written_ == kStreamed) != (majority_ > 0);
+    return probe || (++copies_seen_ & 3) == 0;
+  }
+
+  void copied_out(size_t n, double seconds) override {
+    const int way = peeked_written_ - 1;
+    SlotStoreRule::average(&read_cost_[way], seconds / static_cast<double>(n));
+    if (read_samples_[way] < SlotStoreRule::kMinSamples && ++read_samples_[way] < SlotStoreRule::kMinSamples) return;
+    in_->read_cost[way].store(SlotStoreRule::bits_of(read_cost_[way]), std::memory_order_relaxed);
+    in_->read_samples.fetch_add(1, std::memory_order_release);
   }
 
   // Cross-memory attach: one copy from the peer's address space to ours.
@@ -155,10 +218,37 @@ class ShmLink : public Link {
   char* send_pending_ = nullptr;
   uint32_t send_offset_ = 0;
   MsgHeader peeked_;  // the header of the oldest received segment, as checked
+  // How a slot's payload was written (the byte after its header).
+  static constexpr uint8_t kUntimed = 0, kCached = 1, kStreamed = 2;
+  static constexpr uint64_t kProbeEvery = 16;
+  static constexpr size_t kStreamMin = 4 << 10;
+  static constexpr size_t kTimedMin = 16 << 10;
+  SlotStoreMode stores_;
+  // Writer.
+  bool streaming_;
+  bool fill_probe_ = false;
+  uint8_t send_written_ = kUntimed;
+  uint64_t slots_written_ = 0;
+  uint64_t fills_seen_ = 0;
+  double write_cost_[2] = {0, 0};  // seconds per byte filled: cached, streamed
+  int write_samples_[2] = {0, 0};  // (counted up to kMinSamples)
+  uint64_t read_samples_heard_ = 0;
+  // Reader.
+  uint8_t peeked_written_ = kUntimed;
+  int majority_ = 0;  // > 0: most slots come streamed
+  uint64_t copies_seen_ = 0;
+  double read_cost_[2] = {0, 0};  // seconds per byte copied out: cached, streamed
+  int read_samples_[2] = {0, 0};  // (counted up to kMinSamples)
 };
 
-ShmTransport::ShmTransport(int rank, int world, size_t slot_bytes, int nslots)
-    : rank_(rank), world_(world), slot_bytes_(slot_bytes), nslots_(nslots), pidfds_(world, -1), gone_(world) {}
+ShmTransport::ShmTransport(int rank, int world, size_t slot_bytes, int nslots, SlotStoreMode stores)
+    : rank_(rank),
+      world_(world),
+      slot_bytes_(slot_bytes),
+      nslots_(nslots),
+      stores_(stores),
+      pidfds_(world, -1),
+      gone_(world) {}
 
 ShmTransport::~ShmTransport() {
   for (int fd : pidfds_) {
@@ -202,7 +292,7 @@ void ShmTransport::connect(const std::vector<std::string>& names) {
   for (int p = 0; p < world_; ++p) {
     if (p == rank_ || names[p].empty()) continue;  // empty: reached by another transport
     peers_[p] = Segment::open(names[p], world_, p, members_, slot_bytes_, nslots_);
-    links_[p] = std::make_unique<ShmLink>(this, rank_, p, &inbox_, &peers_[p], slot_bytes_, nslots_);
+    links_[p] = std::make_unique<ShmLink>(this, rank_, p, &inbox_, &peers_[p], slot_bytes_, nslots_, stores_);
     peer_controls_.push_back(peers_[p].control());
     // Watch the peer's process where its pid means something here (same pid
     // namespace) and is still the process that created the segment.

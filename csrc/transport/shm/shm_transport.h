@@ -21,6 +21,7 @@
 
 #include "ringcomm/types.h"
 #include "transport/shm/segment.h"
+#include "transport/shm/slot_stores.h"
 #include "transport/transport.h"
 
 namespace ringcomm {
@@ -29,7 +30,7 @@ class ShmLink;
 
 class ShmTransport : public Transport {
  public:
-  ShmTransport(int rank, int world, size_t slot_bytes, int nslots);
+  ShmTransport(int rank, int world, size_t slot_bytes, int nslots, SlotStoreMode stores = SlotStoreMode::kAuto);
   ~ShmTransport() override;
 
   // Creates this rank's inbox for `members` (the sorted ranks of this host
@@ -88,6 +89,7 @@ class ShmTransport : public Transport {
   int world_;
   size_t slot_bytes_;
   int nslots_;
+  SlotStoreMode stores_;
   std::vector<int> members_;
   Segment inbox_;
   std::vector<Segment> peers_;  // indexed by rank; unmapped for this rank and non-members
