@@ -108,15 +108,16 @@ class ShmLink : public Link {
     return &peeked_;
   }
 
-  // Slot stores (Link::fill_slot). The writer writes its slots of at least
-  // kStreamMin bytes the way it holds faster (cached stores at first) and
-  // every kProbeEvery-th such slot the other way; the slot's header page says
-  // which way. Each end times its
-  // copies of at least kTimedMin bytes (every copy of a probe, one in four of
-  // the others) and keeps a moving average of seconds per byte for each way:
-  // the writer its fills, the reader its copies out, which it publishes in
-  // the FIFO's control (read_cost). The writer switches when the other way's
-  // fill plus read costs under 0.7x the current way's (SlotStoreRule). So a
+  // Slot stores (Link::fill_slot, slot_stores.h). The writer writes its
+  // slots of at least kStreamMin bytes the way it holds cheaper (cached
+  // stores at first) and every kProbeEvery-th such slot the other way; the
+  // slot's header page says which way. Each end times its copies of at least
+  // kTimedMin bytes (every probe, one in four of the others) and keeps a
+  // moving average of seconds per byte for each way: the writer its fills,
+  // the reader its copies and reductions out of the slots, which it publishes
+  // in the FIFO's control (read_cost, once it has kMinSamples of a way). On
+  // each news from the reader, the writer switches if the other way's fill
+  // plus read cost is under 0.7x the current way's (SlotStoreRule). So a
   // placement of the cores where lines move slowly between their caches
   // turns to non-temporal stores within a few dozen slots, and back when it
   // passes. RINGCOMM_SLOT_STORES=cached / streamed fixes the way (untimed).
