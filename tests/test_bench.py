@@ -672,8 +672,11 @@ def test_steady_state_script_runs_settings_in_turn(tmp_path):
 def test_launch_modes_script_runs_builds_in_turn(tmp_path):
     """benchmarks/launch_modes.py: each build (here two settings of one) gets its launch, in turn,
     with one figure per size and phase, and a wrong result would fail the run."""
+    import ringcomm
+
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "launch_modes.py")
-    python = os.path.join(os.path.dirname(__file__), "..", "python")
+    # The ringcomm these tests import (the source tree's, or the one installed: CI's).
+    python = os.path.dirname(os.path.dirname(os.path.abspath(ringcomm.__file__)))
     proc = subprocess.run([sys.executable, script, "--launches", "1", "--phases", "1",
                            "--build", f"cached={python}:RINGCOMM_SLOT_STORES=cached",
                            "--build", f"streamed={python}:RINGCOMM_SLOT_STORES=streamed"],
