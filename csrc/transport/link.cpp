@@ -1,23 +1,18 @@
 #include "transport/link.h"
 
-#include <chrono>
-
 #include "ringcomm/types.h"
 
 namespace ringcomm {
 
 namespace {
 
-// Copies n bytes (streamed: around the caches); returns the seconds it took
-// when `timed`, else 0.
-double copy_bytes(char* dst, const char* src, size_t n, bool streamed, bool timed) {
-  const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+// Copies n bytes (streamed: around the caches).
+void copy_bytes(char* dst, const char* src, size_t n, bool streamed) {
   if (streamed) {
     copy_streaming(dst, src, n);
   } else {
     std::memcpy(dst, src, n);
   }
-  return timed ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() : 0;
 }
 
 }  // namespace
@@ -26,15 +21,13 @@ void Link::fill_slot(char* slot, const char* src, size_t n) {
   if (n == 0) return;
   const bool streamed = stream_slot(n);
   const bool timed = time_fill(n);
-  const double seconds = copy_bytes(slot, src, n, streamed, timed);
+  const double seconds = run_timed(timed, [&] { copy_bytes(slot, src, n, streamed); });
   if (timed) filled(n, seconds);
 }
 
 void Link::copy_out(char* dst, const char* payload, size_t n, bool streaming) {
   if (n == 0) return;
-  const bool timed = time_copy_out(n);
-  const double seconds = copy_bytes(dst, payload, n, streaming, timed);
-  if (timed) copied_out(n, seconds);
+  read_payload(n, [&] { copy_bytes(dst, payload, n, streaming); });
 }
 
 void Link::read_remote(void*, uint64_t, size_t) {

@@ -69,13 +69,20 @@ class Link {
   // otherwise (a reduction), timed as copy_out times its copies.
   template <class Read>
   void read_payload(size_t n, Read&& read) {
-    if (!time_copy_out(n)) {
-      read();
-      return;
+    const bool timed = time_copy_out(n);
+    const double seconds = run_timed(timed, read);
+    if (timed) copied_out(n, seconds);
+  }
+  // Runs f; returns the seconds it took when `timed`, else 0.
+  template <class F>
+  static double run_timed(bool timed, F&& f) {
+    if (!timed) {
+      f();
+      return 0;
     }
     const auto start = std::chrono::steady_clock::now();
-    read();
-    copied_out(n, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   // Whether n bytes of the slot from the last send_slot are to be written
   // with non-temporal stores (asked once per slot, by fill_slot).

@@ -25,9 +25,13 @@ ANY_SOURCE = _C.ANY_SOURCE
 _TAG_MIN, _TAG_MAX = -(2**63), 2**63 - 1
 
 
+def _plain_tag(tag):
+    return type(tag) is int and _TAG_MIN <= tag <= _TAG_MAX
+
+
 def _tag(tag):
     """A send/recv tag: any 64-bit signed integer (a plain int passes with one look)."""
-    if type(tag) is int and _TAG_MIN <= tag <= _TAG_MAX:
+    if _plain_tag(tag):
         return tag
     return validate.index(tag, "tag", _TAG_MIN, _TAG_MAX)
 
@@ -36,8 +40,7 @@ def plain_p2p_args(peer, tag):
     """Whether a send/recv's peer (None: any source) and tag reach the native
     call unchanged through send() and recv()'s checks (plain ints in range),
     so that a caller that checked this may call the native send/recv itself."""
-    return ((peer is None or (type(peer) is int and validate.RANK_MIN <= peer <= validate.RANK_MAX))
-            and type(tag) is int and _TAG_MIN <= tag <= _TAG_MAX)
+    return (peer is None or validate.plain_rank(peer)) and _plain_tag(tag)
 
 
 def _gpu_default_tag(tag, what):

@@ -125,11 +125,16 @@ def index(value, name, lo=None, hi=None):
 RANK_MIN, RANK_MAX = -(2**31), 2**31 - 1
 
 
+def plain_rank(value):
+    """Whether a rank argument is a plain int in range (rank_arg passes it as it is)."""
+    return type(value) is int and RANK_MIN <= value <= RANK_MAX
+
+
 def rank_arg(value, name):
     """A rank argument (root, src, dst, peer) as the native calls take it, a C
     int: TypeError for 1.5, "0" or True. Its range is the native call check's
     (csrc/comm/call_check.h), the one place that rule lives."""
-    if type(value) is int and RANK_MIN <= value <= RANK_MAX:
+    if plain_rank(value):
         return value  # the common case, with one look (send/recv pay this per call)
     return index(value, name, RANK_MIN, RANK_MAX)
 

@@ -161,7 +161,8 @@ class ShmLink : public Link {
   void copied_out(size_t n, double seconds) override {
     const int way = peeked_written_ - 1;
     SlotStoreRule::average(&read_cost_[way], seconds / static_cast<double>(n));
-    if (read_samples_[way] < SlotStoreRule::kMinSamples && ++read_samples_[way] < SlotStoreRule::kMinSamples) return;
+    if (read_samples_[way] < SlotStoreRule::kMinSamples) ++read_samples_[way];
+    if (read_samples_[way] < SlotStoreRule::kMinSamples) return;  // (publishes none yet)
     in_->read_cost[way].store(SlotStoreRule::bits_of(read_cost_[way]), std::memory_order_relaxed);
     in_->read_samples.fetch_add(1, std::memory_order_release);
   }
