@@ -27,7 +27,7 @@ def _own_segments():
 
 def _census(rank, **over):
     rec = {"host": bootstrap.host_identity(), "pid": os.getpid(), "pidns": bootstrap.pid_namespace(),
-           "slot_bytes": 131072, "nslots": 16, "ranks": None, "transport": "shm", "check_agreement": True,
+           "cpus": [0, 1], "slot_bytes": 131072, "nslots": 16, "ranks": None, "transport": "shm", "check_agreement": True,
            "autotune": True, "cost_model": "measure", "cost_model_error": None, "ring_order": "host"}
     rec.update(over)
     return rec
@@ -52,6 +52,9 @@ BAD_CENSUS = [
     ("slot_bytes wrong", _census(1, slot_bytes=-5)),
     ("huge host", _census(1, host="h" * 100000)),
     ("transport unknown", _census(1, transport="carrier-pigeon")),
+    ("cpus not a list", _census(1, cpus=3)),
+    ("cpus negative", _census(1, cpus=[0, -1])),
+    ("cpus huge", _census(1, cpus=list(range(70000)))),
 ]
 
 

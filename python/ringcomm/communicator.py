@@ -48,12 +48,44 @@ def _gpu_default_tag(tag, what):
         raise ValueError(f"{what}: tags are not supported for GPU buffers (NCCL matches in issue order); "
                          f"got tag {tag}")
 
+def _my_cpus():
+    """The CPUs this process may run on (its affinity), sorted."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def cores_contended(rank, infos, uses_tcp=False):
+    """Whether the ranks of this host that compete for this rank's cores
+    outnumber those cores. Competitors: the ranks whose CPU sets overlap this
+    rank's, directly or through other ranks' (so every rank of such a group
+    decides alike); a launcher that pins each rank to its own core (Intel
+    MPI's mpiexec, mpirun --bind-to core) leaves every rank alone on its core,
+    however many ranks the host runs. A rank with TCP peers counts twice (its
+    I/O thread)."""
+    mine = infos[rank]
+    group, cpus = [mine], set(mine["cpus"])
+    rest = [i for r, i in enumerate(infos) if r != rank and i["host"] == mine["host"]]
+    grew = True
+    while grew:
+        grew = False
+        for i in list(rest):
+            if cpus.intersection(i["cpus"]):
+                group.append(i)
+                cpus.update(i["cpus"])
+                rest.remove(i)
+                grew = True
+    return len(group) * (2 if uses_tcp else 1) > len(cpus)
+
+
 # What each rank publishes in the store at init, checked like socket data
 # (validate.record): a malformed record is a RingcommError naming its rank.
 _CENSUS_SCHEMA = {
     "host": validate.text(1024),
     "pid": validate.integer(1, 2**63 - 1),
     "pidns": validate.integer(0, 2**64 - 1),
+    "cpus": validate.list_of(validate.integer(0, 1 << 20), 1 << 16),
     "slot_bytes": validate.integer(64, 1 << 30),
     "nslots": validate.integer(3, 4096),
     "ranks": validate.optional(validate.list_of(validate.integer(0, 2**31 - 1), 1 << 24)),
@@ -117,6 +149,7 @@ class Communicator:
         self._grows = 0  # grow() calls that admitted someone
         self._found_dead = {}  # rank -> why, as agreements found them
         self._census = None  # every rank's census record (host, pid): liveness evidence for agree()
+        self._waiting = "spin"  # how waiting ranks wait (_tune_waiting)
         self._ranks = ranks  # the ranks of the communicator this one was split / shrunk from
         self._parent_ranks = None  # shrink(): the parent's rank of each rank
         self._native = None
@@ -139,6 +172,7 @@ class Communicator:
                 "host": bootstrap.host_identity(),
                 "pid": os.getpid(),
                 "pidns": bootstrap.pid_namespace(),
+                "cpus": _my_cpus(),
                 "slot_bytes": config.slot_bytes,
                 "nslots": config.nslots,
                 "ranks": ranks,
@@ -212,7 +246,7 @@ class Communicator:
             else:
                 cost_model.agree(native, store, f"{prefix}/cost", rank, world_size, mode, given, labels,
                                  config.timeout_s)
-            self._tune_waiting(native, info, infos, config, any(tcp))
+            self._waiting = self._tune_waiting(native, rank, infos, config, any(tcp))
         except BaseException:
             # A peer that died during init cannot unlink its own segment.
             native.unlink_segment()
@@ -240,23 +274,22 @@ class Communicator:
         return [index.setdefault(info["host"], len(index)) for info in infos]
 
     @staticmethod
-    def _tune_waiting(native, mine, infos, config, uses_tcp=False):
-        """No busy spinning when this host runs more ranks than it has cores
-        (unless RINGCOMM_SPIN_US says otherwise): a spinning rank would only
-        keep the peer it waits for off the CPU. A rank with TCP peers also has
-        an I/O thread doing its socket work: count it, and do not yield-spin
-        either (measured on 2 cores, 2 ranks over TCP: large broadcasts ~4.0
-        GB/s sleeping at once, ~2.9 yielding, ~3.3 spinning)."""
+    def _tune_waiting(native, rank, infos, config, uses_tcp=False):
+        """No busy spinning when the ranks that may run on this rank's cores
+        outnumber those cores (unless RINGCOMM_SPIN_US says otherwise): a
+        spinning rank would only keep the peer it waits for off the CPU. A rank
+        with TCP peers also has an I/O thread doing its socket work: count it,
+        and do not yield-spin either (measured on 2 cores, 2 ranks over TCP:
+        large broadcasts ~4.0 GB/s sleeping at once, ~2.9 yielding, ~3.3
+        spinning). Returns the wait chosen: "spin" (the configured policy),
+        "yield" or "sleep"."""
         if os.environ.get("RINGCOMM_SPIN_US"):
-            return
-        local = sum(1 for i in infos if i["host"] == mine["host"])
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
-        if local * (2 if uses_tcp else 1) > cores:
-            yield_us = 0.0 if uses_tcp and not os.environ.get("RINGCOMM_YIELD_US") else config.yield_us
-            native.set_wait(0.0, yield_us)
+            return "spin" if config.spin_us > 0 else "yield"
+        if not cores_contended(rank, infos, uses_tcp):
+            return "spin"
+        yield_us = 0.0 if uses_tcp and not os.environ.get("RINGCOMM_YIELD_US") else config.yield_us
+        native.set_wait(0.0, yield_us)
+        return "yield" if yield_us > 0 else "sleep"
 
     @staticmethod
     def _check_peers(rank, mine, infos):
