@@ -86,3 +86,11 @@ def test_bruck_all_gather(world_size):
     """Bruck's all-gather (wrapped ranges sent in two pieces) for every dtype and size."""
     _run_matrix(world_size, env={"RINGCOMM_ALGO": "all_gather:bruck"}, prims=("all_gather",),
                 counts=(0, 1, 7, 1000, 20011), tag="bruck ", hard_timeout=240)
+
+
+@pytest.mark.parametrize("world_size", [2, 5])
+def test_direct_all_gather(world_size):
+    """The direct all-gather (every block straight to every rank) for every dtype and size,
+    up to blocks of many slots."""
+    _run_matrix(world_size, env={"RINGCOMM_ALGO": "all_gather:direct"}, prims=("all_gather",),
+                counts=(0, 1, 7, 1000, 200003), tag="direct ", hard_timeout=240)

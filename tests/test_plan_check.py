@@ -28,7 +28,7 @@ ELEM = 4
 FAMILIES = {
     "all_reduce": ["auto", "ring", "oneshot", "pull", "recursive_doubling", "rabenseifner"],
     "reduce_scatter": ["auto", "ring", "pull"],
-    "all_gather": ["auto", "ring", "pull", "bruck"],
+    "all_gather": ["auto", "ring", "pull", "bruck", "direct"],
     "broadcast": ["auto", "ring", "pull", "tree"],
     "reduce": ["auto", "ring", "pull", "tree"],
     "scatter": ["auto", "pull"],
@@ -128,7 +128,7 @@ def test_families_are_the_ones_asked_for():
     expect = {("all_reduce", "auto"): "ring", ("all_reduce", "oneshot"): "oneshot",
               ("all_reduce", "recursive_doubling"): "recursive_doubling",
               ("all_reduce", "rabenseifner"): "rabenseifner", ("all_reduce", "pull"): "pull",
-              ("all_gather", "bruck"): "bruck", ("broadcast", "tree"): "tree", ("reduce", "tree"): "tree",
+              ("all_gather", "bruck"): "bruck", ("all_gather", "direct"): "direct", ("broadcast", "tree"): "tree", ("reduce", "tree"): "tree",
               ("broadcast", "ring"): "fifo", ("scatter", "auto"): "fifo"}
     for (op, algo), family in expect.items():
         assert _check(op, algo, 4, 8, root=0)["family"] == family, (op, algo)

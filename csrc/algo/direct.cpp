@@ -71,6 +71,18 @@ void pairwise_all_to_all(const PlanContext& c, BufRef in, BufRef out, size_t nby
   push_copy(c, in + r * nbytes, out + r * nbytes, nbytes);
 }
 
+// The own block goes to its place first and is sent from there, as the ring
+// and Bruck's schedules do (an input that aliases its place in the output
+// is then sent as it is).
+void direct_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t nbytes) {
+  const int n = c.world, r = c.rank;
+  push_copy(c, in, out + r * nbytes, nbytes);
+  for (int i = 1; i < n; ++i) {
+    push_send(c, mod(r + i, n), out + r * nbytes, nbytes);
+    push_recv(c, mod(r - i, n), out + mod(r - i, n) * nbytes, nbytes);
+  }
+}
+
 // The dissemination pattern below with a payload: every round sends this
 // rank's pair of words to r + 2^k and folds what r - 2^k sends into the
 // other half of `state` (elementwise, by the run's reducer: a minimum), so

@@ -23,6 +23,7 @@ enum ScheduleFamily : uint8_t {
   kFamilyRabenseifner = 6,
   kFamilyBruck = 7,
   kFamilyHierarchical = 8,
+  kFamilyDirect = 9,
 };
 
 struct PlanContext {
@@ -139,6 +140,10 @@ void chain_reduce(const PlanContext& c, int root, BufRef buf, size_t count, bool
 void direct_scatter(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes_per_rank);
 void direct_gather(const PlanContext& c, int root, BufRef in, BufRef out, size_t nbytes_per_rank);
 void pairwise_all_to_all(const PlanContext& c, BufRef in, BufRef out, size_t nbytes_per_rank);
+// Every rank sends its block straight to every other (one round, no
+// forwarding: latency optimal, and the fewest wake-ups where ranks share
+// cores).
+void direct_all_gather(const PlanContext& c, BufRef in, BufRef out, size_t nbytes_per_rank);
 void dissemination_barrier(const PlanContext& c);
 // The dissemination barrier carrying two words a rank, reduced by the run's
 // reducer (Communicator::agree_on_call: a minimum) as they spread.

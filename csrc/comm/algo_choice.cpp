@@ -50,7 +50,8 @@ bool algo_has(OpKind k, Algo a) {
       return k == OpKind::kAllReduce || k == OpKind::kBroadcast || k == OpKind::kReduce ||
              k == OpKind::kAllGather || k == OpKind::kReduceScatter;
     case Algo::kDirect:
-      return k == OpKind::kScatter || k == OpKind::kGather || k == OpKind::kAllToAll || k == OpKind::kBarrier;
+      return k == OpKind::kScatter || k == OpKind::kGather || k == OpKind::kAllToAll || k == OpKind::kBarrier ||
+             k == OpKind::kAllGather;
     case Algo::kTree:
       return k == OpKind::kBroadcast || k == OpKind::kReduce;
     case Algo::kBruck:

@@ -102,6 +102,10 @@ ScheduleFamily plan_family(const PlanContext& c, const CallPlan& d) {
         hierarchical_all_gather(c, d.in, d.out, d.count);
         return kFamilyHierarchical;
       }
+      if (d.algo == Algo::kDirect) {
+        direct_all_gather(c, d.in, d.out, bytes);
+        return kFamilyDirect;
+      }
       if (pull) {
         pull_all_gather(c, d.in, d.out, d.count);
       } else {

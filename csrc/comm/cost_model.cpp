@@ -266,6 +266,9 @@ void CostModel::build() {
     add(OpKind::kAllGather, Algo::kBruck, t.cost);
   }
 
+  // Direct all-gather: every rank sends its block to every other at once.
+  add(OpKind::kAllGather, Algo::kDirect, {all_pairs_a, all_pairs_b(1 / dn)});
+
   // Binomial trees (rooted at 0 for the model): level m, every v multiple of
   // 2m sends the whole buffer to v + m.
   {

@@ -62,6 +62,8 @@ std::string describe_tag(const MsgTag& t) {
   if (t.algo == 5) s += ", tree";
   if (t.algo == 6) s += ", rabenseifner";
   if (t.algo == 7) s += ", bruck";
+  if (t.algo == 8) s += ", hierarchical";
+  if (t.algo == 9) s += ", direct";
   s += ")";
   return s;
 }

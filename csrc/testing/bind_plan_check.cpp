@@ -26,6 +26,7 @@ const char* family_name(ScheduleFamily f) {
     case kFamilyRabenseifner: return "rabenseifner";
     case kFamilyBruck: return "bruck";
     case kFamilyHierarchical: return "hierarchical";
+    case kFamilyDirect: return "direct";
   }
   return "?";
 }
