@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ringcomm.bench import check
-from ringcomm.bench.backends import format_host_groups, same_host_groups
+from ringcomm.bench.backends import format_host_groups, same_host_groups, stale_build_lock
 from ringcomm.bench.buffers import Buffer, Buffers, resolve_dtype
 from ringcomm.bench.cli import _backend_instances, parse_args
 from ringcomm.bench.collectives import COLLECTIVES, busbw_factor, resolve_ops
@@ -138,6 +138,21 @@ def test_machine_facts_tell_namespaces_apart_by_host_id(monkeypatch):
     report = build_report(command=["x"], config={}, hosts=[facts, dict(facts, host_id="host8")],
                           backends={}, skipped={}, rows=[], ops=[])
     assert [h["host_id"] for h in report["hosts"]] == ["host7", "host8"]
+
+
+def test_stale_torch_extension_lock_is_found(tmp_path, monkeypatch):
+    """A build killed midway leaves torch's lock: DeepSpeed's backend then
+    refuses with the file's name instead of waiting on it for ever."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert stale_build_lock("op") is None  # no directory, no lock
+    lock = tmp_path / "op" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    assert stale_build_lock("op") is None  # a build under way
+    old = os.stat(lock).st_mtime - 3600
+    os.utime(lock, (old, old))
+    assert stale_build_lock("op") == str(lock)
+    assert stale_build_lock("op", max_age_s=7200) is None
 
 
 @pytest.mark.parametrize("argv", [["-b", "1X"], ["-b", "1M", "-e", "1K"], ["--ops", "nope"],

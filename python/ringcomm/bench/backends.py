@@ -19,6 +19,7 @@ store), and they all run over the same page-aligned buffers.
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable, Dict, List, Optional
 
 from ringcomm.bench.buffers import Buffers, DType
@@ -405,6 +406,30 @@ class MpiBackend(Backend):
 _DS_SHM_LEVEL = {"float32": 1, "bfloat16": 2, "float16": 2}
 
 
+def stale_build_lock(name: str, max_age_s: float = 600.0) -> Optional[str]:
+    """The lock file of torch's JIT build directory for extension `name`, when
+    it is older than `max_age_s` (a build takes about a minute here): a build
+    killed midway leaves it, and every later build of the extension waits on
+    it for ever. None when there is none, or it is fresh."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        try:
+            from torch.utils.cpp_extension import _get_build_directory
+        except ImportError:
+            return None
+        try:
+            lock = os.path.join(_get_build_directory(name, False), "lock")
+        except Exception:  # noqa: BLE001 (a private helper of torch's: any failure, no check)
+            return None
+    else:
+        lock = os.path.join(root, name, "lock")
+    try:
+        age = time.time() - os.stat(lock).st_mtime
+    except OSError:
+        return None
+    return lock if age > max_age_s else None
+
+
 class DeepSpeedBackend(Backend):
     """deepspeed.comm.inference_all_reduce on the CPU accelerator: DeepSpeed's
     shared-memory all_reduce (its deepspeed_shm_comm op, built by DeepSpeed on
@@ -434,6 +459,10 @@ class DeepSpeedBackend(Backend):
         if get_accelerator().device_name() != "cpu":
             raise BackendUnavailable(f"DeepSpeed's accelerator is {get_accelerator().device_name()!r}, "
                                      "not cpu (set DS_ACCELERATOR=cpu)")
+        stale = stale_build_lock("deepspeed_shm_comm")
+        if stale:
+            raise BackendUnavailable(f"DeepSpeed's op build lock {stale} is older than any build (a build killed "
+                                     "midway leaves it, and torch then waits on it forever): remove it")
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
         cdb = dcomm.comm.cdb
         if getattr(cdb, "shm_comm_op", None) is None:
