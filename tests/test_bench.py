@@ -146,7 +146,7 @@ def test_stale_torch_extension_lock_is_found(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert stale_build_lock("op") is None  # no directory, no lock
     lock = tmp_path / "op" / "lock"
-    lock.parent.mkdir()
+    lock.parent.mkdir(exist_ok=True)  # (torch's helper makes the directory when it looks)
     lock.touch()
     assert stale_build_lock("op") is None  # a build under way
     old = os.stat(lock).st_mtime - 3600

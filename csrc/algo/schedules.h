@@ -26,6 +26,24 @@ enum ScheduleFamily : uint8_t {
   kFamilyDirect = 9,
 };
 
+// A family's name as RINGCOMM_ALGO spells it ("fifo": the ops' plain FIFO
+// schedules; "?": no family), for messages and the plan checker.
+inline const char* schedule_family_name(ScheduleFamily f) {
+  switch (f) {
+    case kFamilyFifo: return "fifo";
+    case kFamilyRing: return "ring";
+    case kFamilyOneShot: return "oneshot";
+    case kFamilyPull: return "pull";
+    case kFamilyRecursiveDoubling: return "recursive_doubling";
+    case kFamilyTree: return "tree";
+    case kFamilyRabenseifner: return "rabenseifner";
+    case kFamilyBruck: return "bruck";
+    case kFamilyHierarchical: return "hierarchical";
+    case kFamilyDirect: return "direct";
+  }
+  return "?";
+}
+
 struct PlanContext {
   int rank;
   int world;

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "algo/schedules.h"
+
 #include "ringcomm/types.h"
 
 namespace ringcomm {
@@ -55,15 +57,11 @@ std::string describe_tag(const MsgTag& t) {
   }
   if (t.root >= 0) s += ", root " + std::to_string(t.root);
   if (static_cast<OpKind>(t.kind) == OpKind::kSend) s += ", tag " + std::to_string(t.p2p_tag);
-  if (t.algo == 1) s += ", ring";
-  if (t.algo == 2) s += ", oneshot";
-  if (t.algo == 3) s += ", pull";
-  if (t.algo == 4) s += ", recursive doubling";
-  if (t.algo == 5) s += ", tree";
-  if (t.algo == 6) s += ", rabenseifner";
-  if (t.algo == 7) s += ", bruck";
-  if (t.algo == 8) s += ", hierarchical";
-  if (t.algo == 9) s += ", direct";
+  const char* family = schedule_family_name(static_cast<ScheduleFamily>(t.algo));
+  if (t.algo != kFamilyFifo && family[0] != '?') {
+    s += ", ";
+    s += family;
+  }
   s += ")";
   return s;
 }

@@ -15,22 +15,6 @@ namespace py = pybind11;
 namespace ringcomm {
 namespace {
 
-const char* family_name(ScheduleFamily f) {
-  switch (f) {
-    case kFamilyFifo: return "fifo";
-    case kFamilyRing: return "ring";
-    case kFamilyOneShot: return "oneshot";
-    case kFamilyPull: return "pull";
-    case kFamilyRecursiveDoubling: return "recursive_doubling";
-    case kFamilyTree: return "tree";
-    case kFamilyRabenseifner: return "rabenseifner";
-    case kFamilyBruck: return "bruck";
-    case kFamilyHierarchical: return "hierarchical";
-    case kFamilyDirect: return "direct";
-  }
-  return "?";
-}
-
 // Checks that index `i` names a step of `steps`.
 void require_step(const Schedule& steps, size_t i, const char* hook) {
   if (i >= steps.size()) {
@@ -98,7 +82,7 @@ void bind_plan_check(py::module_& m) {
         }
         py::dict out;
         out["error"] = r.error;
-        out["family"] = family_name(r.family);
+        out["family"] = schedule_family_name(r.family);
         out["steps"] = r.steps;
         out["messages"] = r.messages;
         out["passes"] = r.passes;

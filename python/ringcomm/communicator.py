@@ -48,6 +48,7 @@ def _gpu_default_tag(tag, what):
         raise ValueError(f"{what}: tags are not supported for GPU buffers (NCCL matches in issue order); "
                          f"got tag {tag}")
 
+
 def _my_cpus():
     """The CPUs this process may run on (its affinity), sorted."""
     try:
@@ -65,18 +66,18 @@ def cores_contended(rank, infos, uses_tcp=False):
     however many ranks the host runs. A rank with TCP peers counts twice (its
     I/O thread)."""
     mine = infos[rank]
-    group, cpus = [mine], set(mine["cpus"])
+    ranks, cpus = 1, set(mine["cpus"])
     rest = [i for r, i in enumerate(infos) if r != rank and i["host"] == mine["host"]]
     grew = True
     while grew:
         grew = False
         for i in list(rest):
             if cpus.intersection(i["cpus"]):
-                group.append(i)
+                ranks += 1
                 cpus.update(i["cpus"])
                 rest.remove(i)
                 grew = True
-    return len(group) * (2 if uses_tcp else 1) > len(cpus)
+    return ranks * (2 if uses_tcp else 1) > len(cpus)
 
 
 # What each rank publishes in the store at init, checked like socket data

@@ -411,18 +411,13 @@ def stale_build_lock(name: str, max_age_s: float = 600.0) -> Optional[str]:
     it is older than `max_age_s` (a build takes about a minute here): a build
     killed midway leaves it, and every later build of the extension waits on
     it for ever. None when there is none, or it is fresh."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if not root:
-        try:
-            from torch.utils.cpp_extension import _get_build_directory
-        except ImportError:
-            return None
-        try:
-            lock = os.path.join(_get_build_directory(name, False), "lock")
-        except Exception:  # noqa: BLE001 (a private helper of torch's: any failure, no check)
-            return None
-    else:
-        lock = os.path.join(root, name, "lock")
+    try:
+        # torch's own rule for the directory (TORCH_EXTENSIONS_DIR, else its default root).
+        from torch.utils.cpp_extension import _get_build_directory
+
+        lock = os.path.join(_get_build_directory(name, False), "lock")
+    except Exception:  # noqa: BLE001 (a private helper of torch's: any failure, no check)
+        return None
     try:
         age = time.time() - os.stat(lock).st_mtime
     except OSError:
