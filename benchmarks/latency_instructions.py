@@ -6,8 +6,8 @@ callgrind (not a test; instruction counts repeat under load where wall-clock tim
 Rank 1 runs natively (pinned to CPU 1, at real-time priority when allowed, spinning), so
 that rank 0 rarely waits; rank 0 runs under `valgrind --tool=callgrind`, pinned to CPU 0,
 collecting only inside ringcomm::Communicator::all_reduce / broadcast / send / recv (the
-C++ entry points: Python and argument conversion are not counted). Cases: ar4 / ar1k:
-all_reduce of 4 B / 1 KiB float32; bc8: broadcast of 8 B from rank 0; sr8: rank 0 sends
+C++ entry points: Python and argument conversion are not counted). Cases: ar<size>
+(ar4, ar1k, ar16k, ar64k, ...): all_reduce of that many bytes of float32; bc8: broadcast of 8 B from rank 0; sr8: rank 0 sends
 8 B to rank 1. Needs valgrind and an unstripped ringcomm._C (the build directory's copy:
 point PYTHONPATH at a package directory holding it); the rendezvous is a file store, so
 torch is not imported under valgrind.
@@ -55,21 +55,26 @@ class FileStore:
             return f.read()
 
 
+def _ar_bytes(case):
+    """ar4 -> 4, ar1k -> 1024, ar64k -> 65536: an all_reduce case's size in bytes."""
+    m = re.fullmatch(r"ar(\d+)([km]?)", case)
+    if not m:
+        raise SystemExit(f"unknown case {case!r}: ar<bytes>[k|m], bc8 or sr8")
+    return int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20}[m.group(2)]
+
+
 def rank_main(rank, store_dir, calls, case):
     import numpy as np
 
     import ringcomm
 
     comm = ringcomm.init(rank=rank, world_size=2, store=FileStore(store_dir), timeout=600)
-    a4 = np.ones(1, np.float32)
-    a1k = np.ones(256, np.float32)
+    ar = np.ones(_ar_bytes(case) // 4, np.float32) if case.startswith("ar") else None
     b8 = np.ones(1, np.float64)
     comm.barrier()
     for _ in range(calls):
-        if case == "ar4":
-            comm.all_reduce(a4)
-        elif case == "ar1k":
-            comm.all_reduce(a1k)
+        if ar is not None:
+            comm.all_reduce(ar)
         elif case == "bc8":
             comm.broadcast(b8, src=0)
         elif rank == 0:

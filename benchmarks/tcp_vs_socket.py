@@ -6,7 +6,7 @@ each run's figures and the median over runs of ringcomm's ratio to the socket
 (busbw / socket GB/s; at 8 B: socket time / ringcomm time) and to gloo.
 
     python benchmarks/tcp_vs_socket.py benchmarks/results/tcp_loopback_*.json
-    python benchmarks/tcp_vs_socket.py --multihost benchmarks/results/tcp_veth_2hosts.json
+    python benchmarks/tcp_vs_socket.py benchmarks/results/tcp_veth_2hosts.json   (multihost.py's OUT.json: its runs)
 """
 import argparse
 import collections
@@ -19,7 +19,10 @@ def reports(paths, multihost):
     for path in paths:
         with open(path) as f:
             data = json.load(f)
-        if multihost:
+        # multihost.py's OUT.json holds its runs' reports; --multihost only insists on that form.
+        if multihost or str(data.get("schema", "")).startswith("ringcomm-multihost"):
+            if "runs" not in data and "reports" not in data:
+                raise SystemExit(f"{path}: not a multihost.py report (no 'runs')")
             for run in data.get("runs", data.get("reports", [])):
                 yield path, run.get("report", run)
         else:

@@ -702,3 +702,53 @@ def test_launch_modes_script_runs_builds_in_turn(tmp_path):
     for line in lines:
         figures = [float(v) for v in line.split(":", 1)[1].split("/")]
         assert len(figures) == 3 and all(v > 0 for v in figures), line
+
+
+def _load_script(name):
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tcp_vs_socket_reads_bench_and_multihost_reports(tmp_path, capsys):
+    """benchmarks/tcp_vs_socket.py: a ringcomm-bench --socket report and multihost.py's OUT.json (found by
+    its schema, with or without --multihost) give the same ratios; --multihost on a plain report is refused."""
+    tcp_vs_socket = _load_script("tcp_vs_socket")
+
+    def report(ring_us, sock_us):
+        big = 64 << 20
+        return {"backends": ["ringcomm[auto]", "gloo"], "machine": {"cpu_model": "Test CPU"},
+                "results": [{"op": "sendrecv", "size_bytes": big,
+                             "socket": {"time_us": sock_us, "gbps": big / sock_us / 1e3},
+                             "backends": {"ringcomm[auto]": {"time_us": ring_us, "busbw_gbps": big / ring_us / 1e3},
+                                          "gloo": {"time_us": 2 * ring_us}}}]}
+
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(report(50000.0, 40000.0)))
+    multi = tmp_path / "multi.json"
+    multi.write_text(json.dumps({"schema": "ringcomm-multihost/1",
+                                 "runs": [{"report": report(50000.0, 40000.0)},
+                                          {"report": report(40000.0, 40000.0)},
+                                          {"report": report(60000.0, 40000.0)}]}))
+    outputs = []
+    for argv in ([str(plain)], [str(multi)], ["--multihost", str(multi)]):
+        assert tcp_vs_socket.main(argv) == 0
+        row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sendrecv")]
+        assert len(row) == 1
+        outputs.append(row[0].split())
+    assert float(outputs[0][7]) == pytest.approx(0.8)  # socket 40 ms / ringcomm 50 ms
+    assert outputs[1] == outputs[2] and float(outputs[1][7]) == pytest.approx(0.8)  # the median run
+    assert float(outputs[1][8]) == pytest.approx(2.0)  # gloo's time / ringcomm's
+    with pytest.raises(SystemExit, match="not a multihost.py report"):
+        tcp_vs_socket.main(["--multihost", str(plain)])
+
+
+def test_latency_instructions_case_sizes():
+    """benchmarks/latency_instructions.py: all_reduce cases name their size (ar4, ar1k, ar64k, ar1m)."""
+    li = _load_script("latency_instructions")
+    assert [li._ar_bytes(c) for c in ("ar4", "ar1k", "ar64k", "ar1m")] == [4, 1024, 65536, 1 << 20]
+    for bad in ("ar", "ar4g", "arx", "bc8"):
+        with pytest.raises(SystemExit, match="unknown case"):
+            li._ar_bytes(bad)
