@@ -38,10 +38,12 @@ extern "C" int ringcomm_fuzz_shm_header(const uint8_t* data, size_t size) {
     ringcomm::check_segment_header(*in_slot, slot_bytes, peer);
   } catch (const ringcomm::Error& e) {
     FUZZ_CHECK(std::string(e.what()) == "ringcomm: corrupt segment header from rank " + std::to_string(peer));
-    FUZZ_CHECK(h.payload_offset >= ringcomm::kPage || h.nbytes > slot_bytes);
+    FUZZ_CHECK(uint64_t{h.payload_offset} + h.nbytes > ringcomm::slot_data_bytes(slot_bytes) ||
+               h.nbytes > slot_bytes);
     return -1;
   }
-  FUZZ_CHECK(h.payload_offset < ringcomm::kPage && h.nbytes <= slot_bytes);
+  FUZZ_CHECK(uint64_t{h.payload_offset} + h.nbytes <= ringcomm::slot_data_bytes(slot_bytes) &&
+             h.nbytes <= slot_bytes);
   char* payload = slot.get() + ringcomm::kPage + in_slot->payload_offset;
   std::memset(payload, 0x5a, in_slot->nbytes);
   unsigned sum = 0;

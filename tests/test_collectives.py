@@ -94,3 +94,49 @@ def test_direct_all_gather(world_size):
     up to blocks of many slots."""
     _run_matrix(world_size, env={"RINGCOMM_ALGO": "all_gather:direct"}, prims=("all_gather",),
                 counts=(0, 1, 7, 1000, 200003), tag="direct ", hard_timeout=240)
+
+
+def _laps(comm):
+    """Payloads that move within their slots lap after lap (transport/shm/segment_header.h,
+    payload_offset_for): sizes on both sides of the bounds, sources at every kind of page
+    offset, streamed and cached slot stores alike, many more laps than slots; each result
+    checked, each send buffer overwritten the moment its call returns."""
+    import numpy as np
+
+    fails = []
+    r, n = comm.rank, comm.world_size
+    slot = 4 * 16 * 1024  # RINGCOMM_SLOT_BYTES below: the band is 16 KiB to 32 KiB
+    sizes = (16 * 1024 - 8, 16 * 1024, 16 * 1024 + 4, 24 * 1024 + 100, slot // 2, slot // 2 + 4, slot + 12)
+    store = np.zeros(2 * slot + 8192, np.uint8)
+    for lap in range(3 * 12):  # 12 slots in flight: every place of every slot, several times
+        for i, size in enumerate(sizes):
+            shift = (lap * 1031 + i * 17) % 4096  # the page offset the payload asks for
+            salt = lap * 31 + i
+            src = store[shift:shift + size]
+            src[:] = (np.arange(size) * 7 + salt * 13 + r) % 251
+            got = np.zeros(size, np.uint8)
+            comm.sendrecv(src, (r + 1) % n, got, (r - 1) % n)
+            src[:] = 0
+            want = (np.arange(size) * 7 + salt * 13 + (r - 1) % n) % 251
+            if not np.array_equal(got, want):
+                fails.append(f"sendrecv of {size} B at page offset {shift}, lap {lap}: wrong from byte "
+                             f"{int(np.argmax(got != want))}")
+            floats = size // 4
+            x = np.full(floats, float(r + lap), np.float32)
+            comm.all_reduce(x)
+            if floats and not (x == sum(range(n)) + n * lap).all():
+                fails.append(f"all_reduce of {floats} floats, lap {lap}: wrong")
+            part = np.full(max(floats // n, 1), float(r * 100 + lap), np.float32)
+            out = np.zeros(part.size * n, np.float32)
+            comm.all_gather(out, part)
+            if not (out.reshape(n, -1) == (np.arange(n) * 100 + lap)[:, None]).all():
+                fails.append(f"all_gather of {part.size} floats per rank, lap {lap}: wrong")
+    return fails
+
+
+@pytest.mark.parametrize("stores", ["cached", "streamed"])
+def test_payloads_moving_within_slots_arrive_whole(stores):
+    results = harness.run_ranks(_laps, 3, (), env={"RINGCOMM_SLOT_BYTES": 64 * 1024, "RINGCOMM_SLOTS": 12,
+                                                   "RINGCOMM_PULL": 0, "RINGCOMM_SLOT_STORES": stores},
+                                comm_timeout=30.0, hard_timeout=200)
+    harness.assert_no_failures(results)

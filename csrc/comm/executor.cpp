@@ -161,7 +161,7 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
     }
     if (forwards && p.fwd < p.done) {  // landed in place, not sent on yet
       const size_t n = std::min(slot, s.nbytes - p.fwd);
-      char* slot_ptr = out->send_slot(page_offset(dst + p.fwd));
+      char* slot_ptr = out->send_slot(page_offset(dst + p.fwd), n);
       if (!slot_ptr) break;
       MsgHeader oh;
       oh.tag = tag;
@@ -207,7 +207,7 @@ bool Executor::advance(const Step& s, StepProgress& p, const Reducer* reducer) {
       const void* align_to = s.kind == StepKind::kSend             ? src + p.done
                              : s.kind == StepKind::kRecvReduceSend ? src + p.done
                                                                    : dst + p.done;
-      slot_ptr = out->send_slot(page_offset(align_to));
+      slot_ptr = out->send_slot(page_offset(align_to), n);
       if (!slot_ptr) break;
     }
     const size_t elems = reducer ? n / reducer->elem_size : 0;
@@ -381,7 +381,7 @@ bool Executor::run_flat(const Schedule& steps, const FlatShape& shape, const Red
 bool Executor::flat_transfer(const Step& s, Link* link, bool held, size_t i) {
   if (s.kind == StepKind::kSend) {
     const char* src = bufs_->at(s.src);
-    char* slot = link->send_slot(page_offset(src));
+    char* slot = link->send_slot(page_offset(src), s.nbytes);
     if (!slot) return false;
     link->fill_slot(slot, src, s.nbytes);
     MsgHeader oh;

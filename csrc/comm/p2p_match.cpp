@@ -253,7 +253,7 @@ bool P2pMatcher::push_sends(int p, Peer& peer) {
     h.tag.p2p_tag = op->tag;
     if (op->segment == 0 && pull_ && op->nbytes >= pull_min_ && !peer.pull_pending) op->pull = true;
     if (op->pull) {
-      char* slot = link->send_slot(0);
+      char* slot = link->send_slot(0, sizeof(uint64_t));
       if (!slot) return moved;
       const uint64_t addr = reinterpret_cast<uint64_t>(op->buf);
       std::memcpy(slot, &addr, sizeof addr);
@@ -281,7 +281,7 @@ bool P2pMatcher::push_sends(int p, Peer& peer) {
         break;
       }
       const size_t n = std::min(slot_bytes, op->nbytes - op->done);
-      char* slot = link->send_slot(page_offset(op->buf + op->done));
+      char* slot = link->send_slot(page_offset(op->buf + op->done), n);
       if (!slot) return moved;
       h.nbytes = static_cast<uint32_t>(n);
       h.segment = op->segment;

@@ -37,11 +37,13 @@ class Link {
   virtual ~Link() = default;
   virtual size_t slot_bytes() const = 0;
 
-  // A free slot to write at most slot_bytes() bytes into, or nullptr when all
-  // slots are in flight. `page_offset` (0..4095) asks for the payload to sit
-  // at that offset within a page, so that copies from / to user buffers keep
-  // source and destination equally aligned (memcpy slows ~3x otherwise).
-  virtual char* send_slot(uint32_t page_offset) = 0;
+  // A free slot to write `nbytes` (at most slot_bytes()) into, or nullptr
+  // when all slots are in flight. `page_offset` (0..4095) asks for the
+  // payload to sit at that offset within a page, so that copies from / to
+  // user buffers keep source and destination equally aligned (memcpy slows
+  // ~3x otherwise); the size lets a link place a small payload where it
+  // costs least (shm: payload_offset_for).
+  virtual char* send_slot(uint32_t page_offset, size_t nbytes) = 0;
   // Publishes the slot returned by the last send_slot with this header.
   virtual void send_commit(const MsgHeader& header) = 0;
 

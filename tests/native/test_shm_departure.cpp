@@ -24,7 +24,7 @@ struct Pair {
 };
 
 void send(Link* l, uint64_t seq) {
-  char* slot = l->send_slot(0);
+  char* slot = l->send_slot(0, 8);
   CHECK(slot != nullptr);
   if (!slot) return;
   std::memcpy(slot, &seq, sizeof seq);
@@ -71,5 +71,5 @@ NATIVE_TEST(shm_departure, a_full_fifo_to_a_departed_peer_raises) {
   Link* out = p.t0.link(1);
   for (uint64_t s = 1; s <= 4; ++s) send(out, s);
   p.t1.announce_departure();
-  CHECK_THROWS(out->send_slot(0), "rank 1 closed its communicator");
+  CHECK_THROWS(out->send_slot(0, 8), "rank 1 closed its communicator");
 }

@@ -1,4 +1,5 @@
 #include "transport/shm/segment.h"
+#include "transport/shm/segment_header.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -116,7 +117,7 @@ uint64_t process_start_time(int64_t pid) {
   return 0;
 }
 
-size_t Segment::slot_stride(size_t slot_bytes) { return kPage + round_up(slot_bytes + kPage, kPage); }
+size_t Segment::slot_stride(size_t slot_bytes) { return kPage + slot_data_bytes(slot_bytes); }
 
 size_t Segment::slots_offset(size_t nfifos) {
   return round_up(sizeof(SegmentControl) + sizeof(FifoControl) * nfifos, kPage);

@@ -66,7 +66,7 @@ class ShmLink : public Link {
 
   size_t slot_bytes() const override { return slot_bytes_; }
 
-  char* send_slot(uint32_t page_offset) override {
+  char* send_slot(uint32_t page_offset, size_t nbytes) override {
     uint64_t tail = out_->tail.load(std::memory_order_relaxed);
     if (tail - out_->head.load(std::memory_order_acquire) >= nslots_) {
       // A full FIFO to a peer that is gone never drains.
@@ -74,7 +74,7 @@ class ShmLink : public Link {
       if (!owner_->check_gone(peer_, full)) return nullptr;
     }
     send_pending_ = peer_inbox_->slot(rank_, tail);
-    send_offset_ = page_offset % kPage;
+    send_offset_ = payload_offset_for(tail / nslots_, page_offset, nbytes, slot_bytes_);
     send_written_ = kUntimed;  // (fill_slot says how, if the payload is a plain copy)
     return send_pending_ + kPage + send_offset_;
   }

@@ -78,7 +78,7 @@ class TcpLink : public Link {
 
   size_t slot_bytes() const override { return slot_bytes_; }
 
-  char* send_slot(uint32_t page_offset) override {
+  char* send_slot(uint32_t page_offset, size_t /*nbytes*/) override {
     if (!out_room()) return nullptr;
     send_offset_ = page_offset % kPageBytes;
     return out_data(out_tail_.load(std::memory_order_relaxed)) + send_offset_;
