@@ -140,3 +140,32 @@ def test_payloads_moving_within_slots_arrive_whole(stores):
                                                    "RINGCOMM_PULL": 0, "RINGCOMM_SLOT_STORES": stores},
                                 comm_timeout=30.0, hard_timeout=200)
     harness.assert_no_failures(results)
+
+
+def _reader_costs(comm):
+    """Every call below folds its peer's segment where it arrived (oneshot all_reduce of
+    one slot: the flat path's held receives); the reader must still publish what reading
+    those slots costs, or the writer never learns to write them around the caches."""
+    import numpy as np
+
+    peer = 1 - comm.rank
+    before = comm._native.slot_read_cost_updates(peer)
+    x = np.ones(16 * 1024, np.float32)  # 64 KiB: timed (at least 16 KiB), one slot
+    for _ in range(400):
+        x[:] = 1
+        comm.all_reduce(x)
+    fails = [] if (x == 2).all() else ["all_reduce: wrong result"]
+    got = comm._native.slot_read_cost_updates(peer) - before
+    if got < 8:
+        fails.append(f"rank {comm.rank} published its cost of reading rank {peer}'s slots {got} times "
+                     "in 400 folded calls")
+    if comm._native.slot_read_cost_updates(comm.rank) != 0 or comm._native.slot_read_cost_updates(7) != 0:
+        fails.append("read cost updates for a rank that is no shared-memory peer")
+    return fails
+
+
+def test_folded_receives_feed_the_slot_store_rule():
+    results = harness.run_ranks(_reader_costs, 2, (), env={"RINGCOMM_ALGO": "all_reduce:oneshot",
+                                                           "RINGCOMM_PULL": 0},
+                                comm_timeout=30.0, hard_timeout=120)
+    harness.assert_no_failures(results)

@@ -78,6 +78,7 @@ void bind_communicator(py::module_& m) {
       .def("transport_of", &C::transport_of, py::arg("peer"))
       .def("tcp_frames_read", &C::tcp_frames_read)
       .def("tcp_frames_in_place", &C::tcp_frames_in_place)
+      .def("slot_read_cost_updates", &C::slot_read_cost_updates, py::arg("peer"))
       .def("probe_pull", &C::probe_pull)
       .def("set_pull", &C::set_pull)
       .def("set_wait", [](C& c, double spin_us, double yield_us) {

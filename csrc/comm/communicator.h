@@ -125,6 +125,9 @@ class Communicator {
     return tcp_ ? std::make_pair(tcp_->frames_sent_by_ref(), tcp_->frames_landed())
                 : std::make_pair(uint64_t{0}, uint64_t{0});
   }
+  // How many times this rank published its cost of reading `peer`'s
+  // shared-memory slots (ShmTransport::read_cost_updates).
+  uint64_t slot_read_cost_updates(int peer) const { return shm_ ? shm_->read_cost_updates(peer) : 0; }
   // Whether this rank can read every peer's memory (cross-memory attach);
   // all ranks must then agree (set_pull) before pull schedules are used.
   bool probe_pull() { return shm_->probe_remote_read() && router_.can_read_remote(); }

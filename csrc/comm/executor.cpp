@@ -370,7 +370,16 @@ bool Executor::run_flat(const Schedule& steps, const FlatShape& shape, const Red
     const std::array<int8_t, 2>& from = shape.from[i - transfers];
     const char* src = from[0] == FlatShape::kOwn ? bufs_->at(s.src) : held_[from[0]];
     const char* src2 = from[1] == FlatShape::kOwn ? bufs_->at(s.src2) : held_[from[1]];
-    run_local(s, bufs_->at(s.dst), src, src2, reducer);
+    // A step that reads a segment where it arrived is that link's read of
+    // it, timed as copy_out times its copies: without these samples a link
+    // whose reader only folds in place never learns that its slots would be
+    // cheaper written around the caches (ShmLink's slot stores).
+    const int8_t read = from[1] != FlatShape::kOwn ? from[1] : from[0];
+    if (read != FlatShape::kOwn) {
+      links_[read]->read_payload(s.nbytes, [&] { run_local(s, bufs_->at(s.dst), src, src2, reducer); });
+    } else {
+      run_local(s, bufs_->at(s.dst), src, src2, reducer);
+    }
   }
   for (uint64_t h = shape.held; h; h &= h - 1) links_[__builtin_ctzll(h)]->recv_release();
   return true;

@@ -269,6 +269,11 @@ bool ShmTransport::reaches(int peer) const {
   return peer >= 0 && peer < world_ && links_.size() == static_cast<size_t>(world_) && links_[peer] != nullptr;
 }
 
+uint64_t ShmTransport::read_cost_updates(int peer) const {
+  if (!reaches(peer) || peer == rank_ || !inbox_.mapped()) return 0;
+  return inbox_.fifo(peer)->read_samples.load(std::memory_order_acquire);
+}
+
 namespace {
 
 int open_pidfd(int64_t pid) {

@@ -44,6 +44,10 @@ class ShmTransport : public Transport {
   // Removes this rank's segment name from /dev/shm once every peer mapped it.
   void unlink() { inbox_.unlink(); }
   bool reaches(int peer) const;
+  // How many times this rank has published its cost of reading `peer`'s
+  // slots (the reader's half of the slot-store rule, ShmLink::copied_out);
+  // 0 for a peer not reached over shared memory.
+  uint64_t read_cost_updates(int peer) const;
 
   Link* link(int peer) override;
   void sleep(Clock::time_point until, const std::function<bool()>& recheck) override;
