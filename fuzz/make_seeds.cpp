@@ -16,6 +16,7 @@
 #include "fuzz/fuzz_common.h"
 #include "fuzz/handshake_roles.h"
 #include "transport/link.h"
+#include "transport/shm/segment_header.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/wire.h"
 
@@ -180,8 +181,13 @@ void shm_headers() {
     write("shm_header", "ok-empty" + name, d + raw(h));
     h = segment(static_cast<uint32_t>(slot) + 1, 5);
     write("shm_header", "bad-oversized" + name, d + raw(h));
+    // A payload moved past the first page (payload_offset_for), ending where the data area ends.
+    const size_t data = ringcomm::slot_data_bytes(slot);
+    h = segment(static_cast<uint32_t>(slot / 2), 5);
+    h.payload_offset = static_cast<uint32_t>(data - slot / 2);
+    write("shm_header", "ok-moved" + name, d + raw(h));
     h = segment(1, 5);
-    h.payload_offset = 4096;
+    h.payload_offset = static_cast<uint32_t>(data);  // one byte past the data area
     write("shm_header", "bad-offset" + name, d + raw(h));
     h.payload_offset = 0xffffffffu;
     h.nbytes = 0xffffffffu;
